@@ -1,0 +1,100 @@
+"""KV cache formats: fp8 (per-tensor scale) and MXFP4 (e2m1 codes + one e8m0 scale per 32 elements).
+
+The encoders reproduce the problem's generator bit for bit (tests/test_mxfp4_golden.py holds the proof against
+the real aiter kernel); the decoders are the exact dequantisation every kernel is judged against.
+"""
+import torch
+
+from .constants import (E8M0_BIAS, FP8_E4M3_MAX, MXFP4_BLOCK, MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES,
+                        MXFP4_SCALE_COLS, MXFP4_SCALE_ROW_ALIGN, QK_HEAD_DIM)
+
+FP8_DTYPE = torch.float8_e4m3fn
+# torch gained these 1-byte dtypes in 2.7/2.8; older builds get uint8 views of the same bytes.
+FP4X2_DTYPE = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)
+
+# e2m1 code (low 3 bits) -> magnitude; bit 3 is the sign.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+# A magnitude at or above the k-th midpoint rounds to code k+1 (round half up, saturating at 6.0).
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+# The generator snaps each block's amax to a power of two by adding this to its float32 bit pattern and
+# masking the mantissa off: the carry rounds amax up when its mantissa fraction is >= 0.75.
+_AMAX_ROUND_BIAS = 0x200000
+_EXPONENT_MASK = -0x800000  # 0xFF800000 as int32: sign + exponent bits
+# e2m1's largest exponent is 2 (6.0 = 1.5 * 2^2): the block exponent is the amax exponent minus this.
+_E2M1_MAX_EXPONENT = 2
+_E8M0_MIN_EXP, _E8M0_MAX_EXP = -127, 127
+
+
+def as_uint8(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of a 1-byte-element tensor (fp8, fp4x2, e8m0 or uint8) as uint8, without a copy."""
+    if t.element_size() != 1:
+        raise TypeError(f"expected a tensor of 1-byte elements, got {t.dtype}")
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+def quantize_fp8(kv: torch.Tensor):
+    """Per-tensor dynamic fp8: scale = amax/448 computed in the input's dtype, as the generator does."""
+    amax = kv.abs().amax().clamp(min=1e-12)
+    scale = amax / FP8_E4M3_MAX
+    data = (kv / scale).clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
+    return data, scale.to(torch.float32).reshape(1)
+
+
+def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return data.to(torch.float32) * scale.to(torch.float32)
+
+
+def mxfp4_scale_shape(num_rows: int):
+    """Shape of the padded e8m0 scale tensor for `num_rows` KV rows."""
+    padded_rows = -(-num_rows // MXFP4_SCALE_ROW_ALIGN) * MXFP4_SCALE_ROW_ALIGN
+    return padded_rows, MXFP4_SCALE_COLS
+
+
+def quantize_mxfp4(kv: torch.Tensor):
+    """MXFP4 of (N, 1, 576) rows: packed (N, 1, 288) codes and a padded (ceil(N/256)*256, 24) scale tensor.
+
+    The scale padding is left uninitialised, as in the generator: consumers must read only [:N, :18].
+    """
+    n = kv.shape[0]
+    x = kv.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK).to(torch.float32)
+    amax_bits = x.abs().amax(dim=-1, keepdim=True).view(torch.int32)
+    snapped = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK).view(torch.float32)
+    exponent = (torch.log2(snapped).floor() - _E2M1_MAX_EXPONENT).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
+    scaled = x * torch.exp2(-exponent)
+
+    midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32, device=kv.device)
+    magnitude_code = torch.bucketize(scaled.abs(), midpoints, right=True).to(torch.uint8)
+    codes = magnitude_code | (torch.signbit(scaled).to(torch.uint8) << 3)
+    codes = codes.reshape(n, QK_HEAD_DIM)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(n, 1, MXFP4_PACKED_ROW_BYTES)
+
+    scales = torch.empty(mxfp4_scale_shape(n), dtype=torch.uint8, device=kv.device)
+    scales[:n, :MXFP4_BLOCKS_PER_ROW] = (exponent.reshape(n, MXFP4_BLOCKS_PER_ROW) + E8M0_BIAS).to(torch.uint8)
+    return packed.view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(N, 1, 288) codes + padded scales -> float32 (N, 1, 576); only scales[:N, :18] are read."""
+    n = packed.shape[0]
+    raw = as_uint8(packed).reshape(n, MXFP4_PACKED_ROW_BYTES)
+    codes = torch.stack((raw & 0xF, raw >> 4), dim=-1).reshape(n, QK_HEAD_DIM).long()
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    values = table[codes & 0x7]
+    values = torch.where((codes & 0x8) != 0, -values, values)
+    exponent = as_uint8(scales)[:n, :MXFP4_BLOCKS_PER_ROW].to(torch.float32) - E8M0_BIAS
+    values = values.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK) * torch.exp2(exponent).unsqueeze(-1)
+    return values.reshape(n, 1, QK_HEAD_DIM)
+
+
+def dequantize(kv_cache, kv_format: str) -> torch.Tensor:
+    """Any cache format -> float32 (N, 576), the values every kernel reading that format is judged against."""
+    if kv_format == "bf16":
+        return kv_cache.reshape(-1, QK_HEAD_DIM).to(torch.float32)
+    if kv_format == "fp8":
+        data, scale = kv_cache
+        return dequantize_fp8(data, scale).reshape(-1, QK_HEAD_DIM)
+    if kv_format == "mxfp4":
+        packed, scales = kv_cache
+        return dequantize_mxfp4(packed, scales).reshape(-1, QK_HEAD_DIM)
+    raise ValueError(f"unknown kv_format {kv_format!r}; expected one of bf16, fp8, mxfp4")
