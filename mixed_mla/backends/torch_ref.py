@@ -1,0 +1,105 @@
+"""The torch backend: reference-quality decode on any device (CPU, CUDA, ROCm), every format, every layout.
+
+Arithmetic: Q is bf16 (exact in float32), the cache is dequantised to float32 exactly as formats.dequantize does,
+scores, softmax and P.V run in float32; only the final output is rounded to bf16 (0.0017 relative L2, PROBLEM.md),
+so this backend sits an order of magnitude inside the strict bounds.
+
+Batches are processed in chunks of consecutive segments (their KV rows are one contiguous range of the cache).
+A chunk whose segments all have the same lengths is a view: two batched matmuls, no gather. A chunk with variable
+lengths is gathered into the same padded shape and masked. Unlike the compiled backends this one reads the indptr
+contents on the host (one device->host copy on a GPU): its tensor shapes depend on them. It is the reference
+and fallback path, not the fast one.
+"""
+import torch
+
+from ..constants import QK_HEAD_DIM, V_HEAD_DIM
+from ..formats import dequantize
+from ..validate import indptr_to_host
+
+# float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
+# segments instead of one 4.8 GB dequantised copy of the cache.
+_CHUNK_FLOATS = 1 << 26
+
+
+def available(device):
+    return None
+
+
+def supports(kv_format, num_heads):
+    return True
+
+
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    """Write attention for every query row of q into out; `plan` and `max_q_len` do not matter here."""
+    qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
+    q_lens = torch.tensor(qo).diff()
+    kv_lens = torch.tensor(kvp).diff()
+    num_heads = q.shape[1]
+    longest_q, longest_kv = int(q_lens.max()), int(kv_lens.max())
+    per_segment = (longest_kv * (QK_HEAD_DIM + 2 * num_heads * longest_q)
+                   + longest_q * num_heads * (QK_HEAD_DIM + V_HEAD_DIM))
+    segments_per_chunk = max(1, _CHUNK_FLOATS // max(1, per_segment))
+    batch = len(qo) - 1
+    for first in range(0, batch, segments_per_chunk):
+        last = min(batch, first + segments_per_chunk)
+        _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo[first:last + 1], kvp[first:last + 1],
+                      q_lens[first:last], kv_lens[first:last])
+
+
+def _dequantize_rows(kv_cache, kv_format, start, stop):
+    """float32 (stop - start, 576) of cache rows [start, stop)."""
+    if kv_format == "bf16":
+        return dequantize(kv_cache[start:stop], kv_format)
+    data, scale = kv_cache  # mxfp4: scale rows line up with data rows, so the same slice applies
+    return dequantize((data[start:stop], scale if kv_format == "fp8" else scale[start:stop]), kv_format)
+
+
+def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_lens):
+    """Segments whose host indptr slices are qo / kvp (local lengths q_lens / kv_lens, CPU int64)."""
+    q_first, q_stop = qo[0], qo[-1]
+    if q_stop == q_first:
+        return
+    num_segments, num_heads = len(qo) - 1, q.shape[1]
+    longest_q, longest_kv = int(q_lens.max()), int(kv_lens.max())
+    if longest_kv == 0:
+        out[q_first:q_stop].zero_()
+        return
+    keys = _dequantize_rows(kv_cache, kv_format, kvp[0], kvp[-1])    # (rows, 576)
+    queries = q[q_first:q_stop].to(torch.float32)                      # (rows, H, 576)
+    uniform = bool((q_lens == longest_q).all() and (kv_lens == longest_kv).all())
+    device = q.device
+    q_pos = torch.arange(longest_q)
+    kv_pos = torch.arange(longest_kv)
+    if uniform:
+        q_rows = None
+        q_pad = queries.view(num_segments, longest_q * num_heads, QK_HEAD_DIM)
+        k_pad = keys.view(num_segments, longest_kv, QK_HEAD_DIM)
+    else:
+        q_starts = torch.tensor(qo[:-1]) - q_first
+        kv_starts = torch.tensor(kvp[:-1]) - kvp[0]
+        # Padding positions are clamped onto real rows (never out of range) and masked below.
+        q_index = (q_starts[:, None] + q_pos).clamp(max=queries.shape[0] - 1)
+        kv_index = (kv_starts[:, None] + kv_pos).clamp(max=keys.shape[0] - 1)
+        q_real = q_pos[None, :] < q_lens[:, None]
+        q_rows = (q_index + q_first)[q_real].to(device)
+        q_pad = queries[q_index.to(device)].view(num_segments, longest_q * num_heads, QK_HEAD_DIM)
+        k_pad = keys[kv_index.to(device)]
+
+    scores = torch.bmm(q_pad, k_pad.transpose(1, 2)).view(num_segments, longest_q, num_heads, longest_kv)
+    scores.mul_(sm_scale)
+    if not uniform or longest_q > 1:
+        # Causal MTP rule: query i of a segment sees positions 0 .. N - L + i (also masks KV padding: that is < N).
+        last_visible = kv_lens[:, None] - q_lens[:, None] + q_pos[None, :]            # (segments, Lq)
+        hidden = kv_pos[None, None, :] > last_visible[:, :, None]                      # (segments, Lq, Lk)
+        scores.masked_fill_(hidden[:, :, None, :].to(device), float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)  # rows that see nothing: all -inf
+    probs = scores.sub_(row_max).exp_()
+    # A row that sees anything has its maximum term exp(0) = 1, so its sum is >= 1; a row that sees nothing sums
+    # to exactly 0 with a zero numerator: clamping the sum at 1 leaves the first exact and makes the second zero.
+    denominator = probs.sum(dim=-1, keepdim=True).clamp_min_(1.0)
+    values = torch.bmm(probs.view(num_segments, longest_q * num_heads, longest_kv), k_pad[:, :, :V_HEAD_DIM])
+    values = values.view(num_segments, longest_q, num_heads, V_HEAD_DIM).div_(denominator).to(out.dtype)
+    if uniform:
+        out[q_first:q_stop] = values.view(-1, num_heads, V_HEAD_DIM)
+    else:
+        out.index_copy_(0, q_rows, values[q_real.to(device)])

@@ -1,0 +1,227 @@
+"""Which backend, cache format, split count and variant to use for a decode shape on a device.
+
+`plan_for` is pure: the same (arch, shape, format, environment) always gives the same Plan, and nothing here
+touches a device. Sources, in order: the environment overrides (MLA_BACKEND, MLA_KV_FORMAT, MLA_SPLITS), the
+measured per-device table (tables/<device>.json, data with provenance), a heuristic for shapes the table lacks.
+`candidates` lists the plans worth timing for one shape (tools/autotune.py measures them to write the tables).
+"""
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from .backends import BACKEND_NAMES
+from .constants import HEAD_GROUP, KV_FORMATS
+
+MAX_SPLITS = 64
+TABLE_DIR = Path(__file__).resolve().parent / "tables"
+# Filled by tools/bundle.py in submission.py: table file name -> JSON text. None: read TABLE_DIR.
+_EMBEDDED_TABLES = None
+
+# device_arch name -> table file; archs without a table use the heuristic only.
+TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
+
+# Compiled backends native to each arch, in order of preference; `torch` serves everything else.
+ARCH_BACKENDS = {"sm90": ("cuda_sm90",), "gfx950": ("hip_gfx950", "aiter"), "gfx942": ("aiter",)}
+# The cache formats each backend implements (a backend's own `supports` may narrow this at run time, e.g. by heads).
+# aiter has no MXFP4-KV MLA kernel; the gfx950 HIP kernels are written for fp8 and mxfp4 KV only.
+BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": ("fp8", "mxfp4"),
+                   "aiter": ("bf16", "fp8")}
+# The format a backend reads fastest, used when the caller lets the planner choose (kv_format=None). Every one of
+# them stays far inside the leaderboard tolerance: mxfp4 costs 6-12% relative L2 against the bf16 truth on outputs
+# of magnitude ~0.02, while the check allows atol = 0.1. The torch backend is fastest on bf16 (no dequantisation).
+FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "mxfp4", "hip_gfx950": "fp8", "aiter": "fp8"}
+BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast")}  # first = heuristic default
+AITER_PAGE_SIZES = (1, 2, 8)
+
+# Split heuristic: fill the device with about two waves of stage-1 workgroups (a second wave hides the tail of the
+# first), but give every split at least ~256 tokens (8 tiles of 32) so the merge stays cheap next to the work.
+_COMPUTE_UNITS = {"sm90": 132, "gfx950": 256, "gfx942": 304}
+_WAVES = 2
+_MIN_TOKENS_PER_SPLIT = 256
+# candidates() goes lower: splits of 64 tokens (two 32-token tiles) are the smallest worth timing.
+_MIN_TOKENS_PER_CANDIDATE_SPLIT = 64
+
+
+@dataclass(frozen=True)
+class Plan:
+    backend: str
+    kv_format: str
+    num_splits: int
+    variant: str = ""
+    page_size: int = 1
+    source: str = "heuristic"
+
+
+def device_arch(device) -> str:
+    """"sm90" | "gfx950" | "gfx942" | "cuda" | "rocm" | "cpu" for a torch device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    if torch.version.hip is not None:
+        gcn = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        return gcn if gcn in ("gfx950", "gfx942") else "rocm"
+    return "sm90" if torch.cuda.get_device_capability(device) == (9, 0) else "cuda"
+
+
+def heuristic_splits(arch: str, batch: int, kv_len: int, num_heads: int) -> int:
+    """KV splits per (query, head group): ~2 waves of workgroups, >= 256 tokens per split, <= 64."""
+    units = _COMPUTE_UNITS.get(arch)
+    if units is None:
+        return 1
+    head_groups = math.ceil(num_heads / HEAD_GROUP)
+    to_fill = math.ceil(_WAVES * units / (batch * head_groups))
+    by_tokens = max(1, kv_len // _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(to_fill, by_tokens, MAX_SPLITS))
+
+
+def _default_backend(arch: str, kv_format) -> str:
+    for backend in ARCH_BACKENDS.get(arch, ()):
+        if kv_format is None or kv_format in BACKEND_FORMATS[backend]:
+            return backend
+    return "torch"
+
+
+def _heuristic_plan(arch, batch, kv_len, num_heads, backend, kv_format) -> Plan:
+    variant = BACKEND_VARIANTS.get(backend, ("",))[0]
+    splits = 1 if backend == "torch" else heuristic_splits(arch, batch, kv_len, num_heads)
+    return Plan(backend=backend, kv_format=kv_format, num_splits=splits, variant=variant)
+
+
+def _env_overrides():
+    """(backend, kv_format, num_splits) from MLA_BACKEND / MLA_KV_FORMAT / MLA_SPLITS; None where unset."""
+    backend = os.environ.get("MLA_BACKEND") or None
+    if backend is not None and backend not in BACKEND_NAMES:
+        raise ValueError(f"MLA_BACKEND={backend!r} is not a backend; expected one of {', '.join(BACKEND_NAMES)}")
+    kv_format = os.environ.get("MLA_KV_FORMAT") or None
+    if kv_format is not None and kv_format not in KV_FORMATS:
+        raise ValueError(f"MLA_KV_FORMAT={kv_format!r} is not a cache format; expected one of {', '.join(KV_FORMATS)}")
+    splits_text = os.environ.get("MLA_SPLITS") or None
+    splits = None
+    if splits_text is not None:
+        splits = int(splits_text) if splits_text.strip().isdigit() else 0
+        if not 1 <= splits <= MAX_SPLITS:
+            raise ValueError(f"MLA_SPLITS={splits_text!r} must be an integer in 1..{MAX_SPLITS}")
+    return backend, kv_format, splits
+
+
+def forced_backend():
+    """The backend MLA_BACKEND forces (validated), or None."""
+    return _env_overrides()[0]
+
+
+def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None, backend=None) -> Plan:
+    """The plan for one decode shape. kv_format=None lets the planner choose (MLA_KV_FORMAT, table, fastest).
+
+    A caller that names kv_format holds only that cache, so MLA_KV_FORMAT applies only when kv_format is None.
+    backend (the argument, else MLA_BACKEND) forces the backend: a table entry for another backend is then
+    ignored. MLA_SPLITS forces the split count. Env overrides mark the plan's source with "+env".
+    """
+    env_backend, env_format, env_splits = _env_overrides()
+    if backend is not None and backend not in BACKEND_NAMES:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    forced = backend or env_backend
+    requested_format = kv_format or env_format
+    entry = _table_entry(arch, batch, q_len, kv_len, num_heads, requested_format)
+    if entry is not None and forced in (None, entry.backend):
+        plan = entry
+    else:
+        chosen_backend = forced or _default_backend(arch, requested_format)
+        chosen_format = requested_format or FASTEST_FORMAT[chosen_backend]
+        if chosen_format not in BACKEND_FORMATS[chosen_backend]:
+            raise ValueError(f"backend {chosen_backend!r} cannot read kv_format {chosen_format!r} "
+                             f"(it implements {', '.join(BACKEND_FORMATS[chosen_backend])})")
+        plan = _heuristic_plan(arch, batch, kv_len, num_heads, chosen_backend, chosen_format)
+    env_applied = ((env_backend is not None and backend is None) or (env_format is not None and kv_format is None)
+                   or env_splits is not None)
+    if env_applied:
+        plan = replace(plan, num_splits=env_splits or plan.num_splits, source=plan.source + "+env")
+    return plan
+
+
+def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -> list:
+    """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
+
+    Formats x the arch's backends that implement them x variants (x page sizes for aiter) x power-of-two splits
+    from 1 to 64 that leave at least 64 tokens per split. Without a compiled backend: the torch plan per format.
+    """
+    max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
+    split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
+    plans = []
+    for kv_format in KV_FORMATS:
+        backends = [b for b in ARCH_BACKENDS.get(arch, ()) if kv_format in BACKEND_FORMATS[b]] or ["torch"]
+        for backend in backends:
+            plans.append(_heuristic_plan(arch, batch, kv_len, num_heads, backend, kv_format))
+            if backend == "torch":
+                continue
+            page_sizes = AITER_PAGE_SIZES if backend == "aiter" else (1,)
+            for variant in BACKEND_VARIANTS.get(backend, ("",)):
+                for page_size in page_sizes:
+                    plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate") for s in split_counts)
+    unique = {}
+    for plan in plans:  # the heuristic plan and its candidate twin differ only in `source`: keep the first
+        unique.setdefault((plan.backend, plan.kv_format, plan.num_splits, plan.variant, plan.page_size), plan)
+    return list(unique.values())
+
+
+# ---- tables ----
+
+def _table_text(filename: str):
+    if _EMBEDDED_TABLES is not None:
+        return _EMBEDDED_TABLES.get(filename)
+    path = TABLE_DIR / filename
+    return path.read_text() if path.exists() else None
+
+
+def parse_table(text: str, source: str) -> dict:
+    """JSON table -> {(batch, q_len, kv_len, num_heads, requested format or "auto"): Plan}; bad data raises."""
+    try:
+        entries = json.loads(text)["entries"]
+        table = {}
+        for index, entry in enumerate(entries):
+            fields = entry["plan"]
+            plan = Plan(backend=fields["backend"], kv_format=fields["kv_format"], num_splits=fields["num_splits"],
+                        variant=fields.get("variant", ""), page_size=fields.get("page_size", 1), source="table")
+            _check_table_plan(plan, index)
+            key = (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
+            if key[4] not in ("auto", plan.kv_format):
+                raise ValueError(f"entry {index} answers a request for {key[4]} with a {plan.kv_format} plan")
+            table[key] = plan
+        return table
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"planner table {source} is malformed: {type(error).__name__}: {error}") from error
+
+
+def _check_table_plan(plan: Plan, index: int) -> None:
+    if plan.backend not in BACKEND_NAMES:
+        raise ValueError(f"entry {index}: unknown backend {plan.backend!r}")
+    if plan.kv_format not in BACKEND_FORMATS[plan.backend]:
+        raise ValueError(f"entry {index}: backend {plan.backend} cannot read {plan.kv_format!r}")
+    if not isinstance(plan.num_splits, int) or not 1 <= plan.num_splits <= MAX_SPLITS:
+        raise ValueError(f"entry {index}: num_splits {plan.num_splits!r} outside 1..{MAX_SPLITS}")
+    if not isinstance(plan.page_size, int) or plan.page_size < 1:
+        raise ValueError(f"entry {index}: page_size {plan.page_size!r} must be a positive integer")
+
+
+@functools.lru_cache(maxsize=None)
+def table_for(arch: str) -> dict:
+    """The parsed table of `arch` ({} when the arch has none or its file is missing)."""
+    filename = TABLE_FILES.get(arch)
+    text = _table_text(filename) if filename else None
+    return parse_table(text, filename) if text is not None else {}
+
+
+def _table_entry(arch, batch, q_len, kv_len, num_heads, kv_format):
+    table = table_for(arch)
+    shape = (batch, q_len, kv_len, num_heads)
+    if kv_format is None:
+        return table.get(shape + ("auto",))
+    exact = table.get(shape + (kv_format,))
+    if exact is not None:
+        return exact
+    chosen = table.get(shape + ("auto",))  # the planner's own choice happens to be the format asked for
+    return chosen if chosen is not None and chosen.kv_format == kv_format else None
