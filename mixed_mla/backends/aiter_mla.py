@@ -1,0 +1,334 @@
+"""aiter route: AMD aiter's persistent-mode MLA decode (`mla_decode_fwd` + `get_mla_metadata_v1`), ROCm only.
+
+The cache is one contiguous tensor, so every page table here is the identity: page p holds rows
+[p * page_size, (p + 1) * page_size). With page_size 1 that is any layout. With page_size > 1 a segment must START on
+a page boundary (aiter cannot skip the first rows of a page), i.e. every segment but the last has a length that is a
+multiple of page_size; the last segment's partial page is what kv_last_page_lens describes. A layout that breaks this
+is refused by a device-side assertion (no host sync; the error surfaces at the next synchronisation).
+
+Metadata depends on the indptr CONTENTS and is rebuilt on the device on every call (one `get_mla_metadata_v1`
+launch into per-shape buffers, plus four tiny elementwise launches for page_size > 1). Caching it keyed by the
+indptr tensors' identity and version counters was rejected because it is not provably valid: inference-mode tensors
+(how serving stacks run decode) have no version counter at all, writes through `.data`, DLPack or a custom kernel do
+not bump it, and an id() can be reused after a tensor dies. Rebuilding is valid by construction: it reads the current
+contents, in stream order, before the kernel that consumes them. What is cached is keyed by shapes and dtypes only.
+Cost: the metadata kernel (one workgroup) plus aiter's host-side setup (it queries device properties per call); it
+could not be measured here (no ROCm device); tools/autotune.py on an MI355X times whole calls, metadata included.
+
+Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
+(amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, PROBLEM.md); with a bf16 cache Q
+stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the kernel, since
+aiter does not define them.
+
+Two aiter API generations are supported, detected once from the installed signatures:
+  "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
+             plans with page_size > 1 run with page_size 1 (one warning).
+  "2026-03": the runner's aiter (early March 2026) and later: kv_last_page_lens and page_size in the metadata,
+             work_info_set BEFORE work_indptr, intra_batch_mode.
+tests/test_aiter_contract.py checks every call built here against real aiter sources.
+"""
+import functools
+import importlib
+import inspect
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..constants import HEAD_GROUP, NUM_KV_HEADS
+
+API_2025_11 = "2025-11"
+API_2026_03 = "2026-03"
+API_GENERATIONS = (API_2025_11, API_2026_03)
+
+AITER_FORMATS = ("bf16", "fp8")   # aiter has no MXFP4-KV MLA decode kernel
+MAX_Q_LEN = 4                     # aiter's persistent kernels pack 16 heads x at most 4 queries (m16x4 tiles)
+FAST_VARIANT = "fast"             # Plan.variant: "fast" -> fast_mode metadata, "" -> fixed splits per batch
+VARIANTS = ("", FAST_VARIANT)
+# aiter's own tests and the leaderboard's reference cut the KV range in units of max(page_size, 16).
+MIN_KV_GRANULARITY = 16
+METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
+DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
+
+
+def supports(kv_format: str, num_heads: int) -> bool:
+    return kv_format in AITER_FORMATS and num_heads % HEAD_GROUP == 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Finding aiter and its API generation
+# ---------------------------------------------------------------------------------------------------------------
+
+def api_generation(metadata_v1_parameters) -> str | None:
+    """The API generation from get_mla_metadata_v1's parameter names, in order; None for an unknown one."""
+    names = list(metadata_v1_parameters)
+    if "work_indptr" not in names:
+        return None
+    if "kv_last_page_lens" in names and "page_size" in names:
+        return API_2026_03 if names.index("work_info_set") < names.index("work_indptr") else None
+    if "work_info" in names and names.index("work_indptr") < names.index("work_info"):
+        return API_2025_11
+    return None
+
+
+@dataclass(frozen=True)
+class Aiter:
+    """The three aiter entry points this route calls, and the API generation they belong to."""
+    get_mla_metadata_info_v1: object
+    get_mla_metadata_v1: object
+    mla_decode_fwd: object
+    generation: str
+
+
+def load_aiter() -> Aiter:
+    """Import aiter and identify its API generation; raises ImportError (with the reason) when unusable."""
+    aiter = importlib.import_module("aiter")
+    mla = importlib.import_module("aiter.mla")
+    missing = [name for name in METADATA_FUNCTIONS if not hasattr(aiter, name)]
+    if not hasattr(mla, DECODE_FUNCTION):
+        missing.append(f"mla.{DECODE_FUNCTION}")
+    if missing:
+        raise ImportError(f"the installed aiter lacks {', '.join(missing)}")
+    parameters = inspect.signature(aiter.get_mla_metadata_v1).parameters
+    generation = api_generation(parameters)
+    if generation is None:
+        raise ImportError(f"unknown aiter API: get_mla_metadata_v1{tuple(parameters)}; known generations: "
+                          f"{', '.join(API_GENERATIONS)}")
+    return Aiter(aiter.get_mla_metadata_info_v1, aiter.get_mla_metadata_v1, mla.mla_decode_fwd, generation)
+
+
+@functools.lru_cache(maxsize=1)
+def _probe():
+    """(Aiter, None) or (None, reason), once per process: importing aiter JIT-loads modules."""
+    try:
+        return load_aiter(), None
+    except Exception as error:  # aiter's import runs build/JIT code whose failures are not only ImportError
+        return None, f"aiter is not usable: {type(error).__name__}: {error}"
+
+
+def available(device) -> str | None:
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is None:
+        return f"aiter runs on ROCm GPUs only (device {device}, torch HIP {torch.version.hip})"
+    _, reason = _probe()
+    return reason
+
+
+def _aiter() -> Aiter:
+    lib, reason = _probe()
+    if lib is None:
+        raise RuntimeError(reason)
+    return lib
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The calls, as data: the contract test binds each one against aiter's real signatures
+# ---------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AiterCall:
+    """One call into aiter: positional arguments paired with the parameter name each is meant for, and keywords."""
+    function: str
+    positional: tuple
+    keywords: dict
+
+    def invoke(self, fn):
+        return fn(*(value for _, value in self.positional), **self.keywords)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """The six metadata buffers get_mla_metadata_info_v1 sizes; their CONTENTS are rewritten on every call."""
+    work_metadata: torch.Tensor
+    work_indptr: torch.Tensor
+    work_info_set: torch.Tensor
+    reduce_indptr: torch.Tensor
+    reduce_final_map: torch.Tensor
+    reduce_partial_map: torch.Tensor
+
+
+def metadata_info_call(generation, batch, max_q_len, num_heads, q_dtype, kv_dtype, fast, num_splits) -> AiterCall:
+    positional = (("batch_size", batch), ("max_seqlen_qo", max_q_len), ("num_head_qo", num_heads),
+                  ("q_dtype", q_dtype), ("kv_dtype", kv_dtype))
+    keywords = {"is_sparse": False, "fast_mode": fast}
+    if generation == API_2026_03:
+        keywords.update(num_kv_splits=num_splits, intra_batch_mode=not fast)
+    return AiterCall("get_mla_metadata_info_v1", positional, keywords)
+
+
+def metadata_call(generation, qo_indptr, kv_indptr, kv_last_page_lens, num_heads, work: Workspace, page_size,
+                  max_q_len, uniform_q_len, fast, num_splits, q_dtype, kv_dtype) -> AiterCall:
+    """get_mla_metadata_v1: kv_indptr in pages (page_size > 1) or rows; uniform_q_len -1 means not uniform."""
+    head = (("seqlens_qo_indptr", qo_indptr), ("seqlens_kv_indptr", kv_indptr))
+    shape = (("num_heads_per_head_k", num_heads // NUM_KV_HEADS), ("num_heads_k", NUM_KV_HEADS),
+             ("is_causal", True))
+    keywords = {"kv_granularity": max(page_size, MIN_KV_GRANULARITY), "max_seqlen_qo": max_q_len,
+                "uni_seqlen_qo": uniform_q_len, "fast_mode": fast, "max_split_per_batch": num_splits}
+    if generation == API_2025_11:
+        buffers = (("work_metadata_ptrs", work.work_metadata), ("work_indptr", work.work_indptr),
+                   ("work_info", work.work_info_set))
+        positional = head + shape + buffers
+    else:
+        buffers = (("work_metadata_ptrs", work.work_metadata), ("work_info_set", work.work_info_set),
+                   ("work_indptr", work.work_indptr))
+        positional = head + (("kv_last_page_lens", kv_last_page_lens),) + shape + buffers
+        keywords.update(page_size=page_size, intra_batch_mode=not fast, dtype_q=q_dtype, dtype_kv=kv_dtype)
+    positional += (("reduce_indptr", work.reduce_indptr), ("reduce_final_map", work.reduce_final_map),
+                   ("reduce_partial_map", work.reduce_partial_map))
+    return AiterCall("get_mla_metadata_v1", positional, keywords)
+
+
+def decode_call(generation, q, kv_buffer, out, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_q_len,
+                page_size, sm_scale, fast, num_splits, work: Workspace, q_scale, kv_scale) -> AiterCall:
+    """mla_decode_fwd in persistent mode (passing work_meta_data selects it); kv_buffer is 4-D paged."""
+    positional = (("q", q), ("kv_buffer", kv_buffer), ("o", out), ("qo_indptr", qo_indptr),
+                  ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("kv_last_page_lens", kv_last_page_lens),
+                  ("max_seqlen_q", max_q_len))
+    keywords = {"sm_scale": sm_scale, "num_kv_splits": num_splits,
+                "work_meta_data": work.work_metadata, "work_indptr": work.work_indptr,
+                "work_info_set": work.work_info_set, "reduce_indptr": work.reduce_indptr,
+                "reduce_final_map": work.reduce_final_map, "reduce_partial_map": work.reduce_partial_map,
+                "q_scale": q_scale, "kv_scale": kv_scale}
+    if generation == API_2026_03:
+        keywords.update(page_size=page_size, nhead_kv=NUM_KV_HEADS, intra_batch_mode=not fast)
+    return AiterCall(DECODE_FUNCTION, positional, keywords)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Buffers that depend only on shapes (never on indptr contents), cached
+# ---------------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=64)
+def _workspace(lib: Aiter, device, stream_id, batch, max_q_len, num_heads, q_dtype, kv_dtype, fast, num_splits):
+    """Per (shape, dtypes, plan, stream): two calls on one stream are ordered, so they can share buffers; two streams
+    cannot (one call's metadata build would race the other's kernel)."""
+    info = metadata_info_call(lib.generation, batch, max_q_len, num_heads, q_dtype, kv_dtype, fast, num_splits)
+    buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info.invoke(lib.get_mla_metadata_info_v1)]
+    return Workspace(*buffers)
+
+
+@functools.lru_cache(maxsize=64)
+def _arange(device, n):
+    return torch.arange(n, dtype=torch.int32, device=device)
+
+
+@functools.lru_cache(maxsize=64)
+def _ones(device, n):
+    return torch.ones(n, dtype=torch.int32, device=device)
+
+
+def _stream_id(device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-call device work
+# ---------------------------------------------------------------------------------------------------------------
+
+def page_tables(kv_indptr: torch.Tensor, page_size: int):
+    """(kv_indptr in pages, kv_last_page_lens) for identity pages, computed on the device without a sync.
+
+    Pages of segment b: [ceil(start_b / P), ceil(end_b / P)); valid only when every start is a multiple of P, which
+    is asserted on the device (raises at once on CPU, at the next synchronisation on a GPU).
+    """
+    if page_size == 1:
+        return kv_indptr, _ones(kv_indptr.device, kv_indptr.shape[0] - 1)
+    page_indptr = torch.div(kv_indptr + (page_size - 1), page_size, rounding_mode="floor")
+    torch._assert_async(torch.all(page_indptr[:-1] * page_size == kv_indptr[:-1]),
+                        f"aiter route with page_size {page_size}: every KV segment but the last must have a length "
+                        f"that is a multiple of {page_size} (identity page tables over a contiguous cache)")
+    # rows of the last page: end - (pages_end - 1) * P  (P for an empty segment; aiter then reads no page)
+    last_page_lens = torch.add(kv_indptr[1:], page_indptr[1:], alpha=-page_size).add_(page_size)
+    return page_indptr, last_page_lens
+
+
+def quantize_q_per_tensor(q: torch.Tensor, fp8_dtype: torch.dtype):
+    """(q in fp8_dtype, scale (1,) float32) with scale = amax|q| / fp8 max, all on the device."""
+    fp8_max = torch.finfo(fp8_dtype).max
+    amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32).reshape(1)
+    scale = amax.clamp_min_(torch.finfo(torch.float32).tiny).div_(fp8_max)
+    q_fp8 = (q / scale).clamp_(-fp8_max, fp8_max).to(fp8_dtype)
+    return q_fp8, scale
+
+
+def zero_rows_without_keys(out: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor) -> None:
+    """Zero every query row that attends nothing: row t of segment b (ends at e_b, N_b keys) sees keys iff
+    t + N_b >= e_b (query i = t - (e_b - L_b) attends 0 .. N_b - L_b + i)."""
+    rows = _arange(out.device, out.shape[0])
+    segment = torch.bucketize(rows, qo_indptr[1:], right=True)
+    threshold = qo_indptr[1:] - (kv_indptr[1:] - kv_indptr[:-1])      # e_b - N_b
+    blind = rows < threshold.gather(0, segment.clamp_(max=threshold.shape[0] - 1))
+    out.masked_fill_(blind[:, None, None], 0)
+
+
+def _check_format(kv_format):
+    if kv_format not in AITER_FORMATS:
+        raise ValueError(f"the aiter route reads {' or '.join(AITER_FORMATS)} caches, not {kv_format!r} "
+                         f"(aiter has no MXFP4-KV MLA decode kernel)")
+
+
+def _check_plan(plan, page_size, num_heads, max_q_len, num_kv_rows):
+    """page_size: the one that will run (plan.page_size, or 1 on the 2025-11 API)."""
+    if plan.variant not in VARIANTS:
+        raise ValueError(f"aiter plan variant must be 'fast' or '' (fast_mode metadata or not), got {plan.variant!r}")
+    if plan.num_splits < 1:
+        raise ValueError(f"aiter plan needs num_splits >= 1, got {plan.num_splits}")
+    if plan.page_size < 1 or plan.page_size & (plan.page_size - 1):
+        raise ValueError(f"aiter page_size must be a power of two, got {plan.page_size}")
+    if not 1 <= max_q_len <= MAX_Q_LEN:
+        raise ValueError(f"aiter's persistent MLA kernels take 1..{MAX_Q_LEN} queries per segment, got {max_q_len}")
+    if page_size > 1 and max_q_len > 1:
+        raise ValueError("aiter route: page_size > 1 is used for single-query decode only (its causal offsets for "
+                         "q_len > 1 are page-aware only in fast metadata, unverified here); use page_size 1")
+    if page_size > 1 and num_kv_rows % page_size:
+        raise ValueError(f"aiter route: the cache's {num_kv_rows} rows are not a whole number of {page_size}-row "
+                         f"pages; use page_size 1")
+    if num_heads % HEAD_GROUP:
+        raise ValueError(f"aiter needs a multiple of {HEAD_GROUP} heads, got {num_heads}")
+
+
+@functools.lru_cache(maxsize=None)  # once per page size
+def _warn_no_paging(requested):
+    warnings.warn(f"aiter API {API_2025_11} builds metadata in token units: page_size {requested} runs as page_size 1",
+                  RuntimeWarning, stacklevel=3)
+
+
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len) -> None:
+    """Writes out (total_q, H, 512) bf16 with aiter's persistent MLA decode. No host sync."""
+    lib = _aiter()
+    _check_format(kv_format)
+    kv = kv_cache[0] if kv_format == "fp8" else kv_cache
+    num_heads = q.shape[1]
+    page_size = plan.page_size
+    if lib.generation == API_2025_11 and page_size > 1:
+        _warn_no_paging(page_size)
+        page_size = 1
+    _check_plan(plan, page_size, num_heads, max_q_len, kv.shape[0])
+    batch = qo_indptr.shape[0] - 1
+    fast = plan.variant == FAST_VARIANT
+    # max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means
+    # every segment has exactly max_q_len queries: the uniform case aiter has a faster schedule for.
+    uniform_q_len = max_q_len if q.shape[0] == batch * max_q_len else -1
+    if num_heads > HEAD_GROUP and uniform_q_len != 1:
+        raise ValueError(f"aiter runs {num_heads} heads by folding them into groups of {HEAD_GROUP}, which needs "
+                         f"exactly one query per segment (got {q.shape[0]} queries for {batch} segments, "
+                         f"max_q_len {max_q_len})")
+
+    if kv_format == "fp8":
+        kv_scale = kv_cache[1]
+        q_in, q_scale = quantize_q_per_tensor(q, kv.dtype)
+    else:
+        q_in, q_scale, kv_scale = q, None, None
+    kv_buffer = kv.view(kv.shape[0] // page_size, page_size, NUM_KV_HEADS, kv.shape[-1])
+    kv_indices = _arange(kv.device, kv_buffer.shape[0])
+    kv_page_indptr, kv_last_page_lens = page_tables(kv_indptr, page_size)
+
+    work = _workspace(lib, q.device, _stream_id(q.device), batch, max_q_len, num_heads, q_in.dtype, kv.dtype, fast,
+                      plan.num_splits)
+    metadata_call(lib.generation, qo_indptr, kv_page_indptr, kv_last_page_lens, num_heads, work, page_size,
+                  max_q_len, uniform_q_len, fast, plan.num_splits, q_in.dtype, kv.dtype
+                  ).invoke(lib.get_mla_metadata_v1)
+    decode_call(lib.generation, q_in, kv_buffer, out, qo_indptr, kv_page_indptr, kv_indices, kv_last_page_lens,
+                max_q_len, page_size, sm_scale, fast, plan.num_splits, work, q_scale, kv_scale
+                ).invoke(lib.mla_decode_fwd)
+    zero_rows_without_keys(out, qo_indptr, kv_indptr)
