@@ -1,0 +1,76 @@
+// torch binding of the gfx950 decode (ROCm torch, load_inline): checks the tensors, fills DecodeParams,
+// launches on the current stream. One call per forward; no allocation (the backend passes the split buffers).
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "params.h"
+
+namespace mla_gfx950 {
+int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream);
+}
+
+namespace {
+
+const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
+
+}  // namespace
+
+// kv_format: "fp8" (kv = e4m3 rows (N, 576) as bytes, kv_aux = float32 scale (1,)) or "mxfp4" (kv = packed
+// rows (N, 288) as bytes, kv_aux = e8m0 scales (>= N, 24) as bytes). partial_out (total_q, H, splits, 512) bf16
+// and partial_lse (total_q, H, splits) float32 are only touched when num_splits > 1.
+void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Tensor qo_indptr,
+             torch::Tensor kv_indptr, torch::Tensor out, torch::Tensor partial_out, torch::Tensor partial_lse,
+             int64_t num_splits, int64_t occupancy, std::string kv_format, double sm_scale) {
+  const bool fp8 = kv_format == "fp8";
+  TORCH_CHECK(fp8 || kv_format == "mxfp4", "hip_gfx950 reads fp8 or mxfp4 caches, got ", kv_format);
+  TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
+              "q must be (total_q, H, 576) bf16 with a contiguous last dim");
+  TORCH_CHECK(q.size(1) % 16 == 0, "num_heads must be a multiple of 16");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+              out.size(2) == 512 && out.stride(2) == 1, "out must be (total_q, H, 512) bf16");
+  TORCH_CHECK(kv.scalar_type() == at::kByte && kv.is_contiguous() && kv.size(-1) == (fp8 ? 576 : 288),
+              "kv must be contiguous byte rows of ", fp8 ? 576 : 288);
+  TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
+              qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1 &&
+              qo_indptr.is_contiguous() && kv_indptr.is_contiguous(), "indptr must be int32 (batch + 1,)");
+  TORCH_CHECK(num_splits >= 1 && occupancy >= 2 && occupancy <= 4, "bad num_splits / occupancy");
+  const int64_t num_rows = kv.numel() / (fp8 ? 576 : 288);
+  if (fp8) {
+    TORCH_CHECK(kv_aux.scalar_type() == at::kFloat && kv_aux.numel() == 1, "fp8 scale must be float32 (1,)");
+  } else {
+    TORCH_CHECK(kv_aux.scalar_type() == at::kByte && kv_aux.dim() == 2 && kv_aux.size(0) >= num_rows &&
+                kv_aux.size(1) == 24 && kv_aux.is_contiguous(), "mxfp4 scales must be contiguous bytes (>= N, 24)");
+  }
+  if (num_splits > 1) {
+    TORCH_CHECK(partial_out.scalar_type() == at::kBFloat16 && partial_out.is_contiguous() &&
+                partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512, "partial_out too small");
+    TORCH_CHECK(partial_lse.scalar_type() == at::kFloat && partial_lse.is_contiguous() &&
+                partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "partial_lse too small");
+  }
+  if (q.size(0) == 0) return;
+
+  mla_gfx950::DecodeParams p{};
+  p.q = static_cast<const uint16_t*>(q.data_ptr());
+  p.kv = bytes_of(kv);
+  p.kv_block_scales = fp8 ? nullptr : bytes_of(kv_aux);
+  p.kv_scale = fp8 ? kv_aux.data_ptr<float>() : nullptr;
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.out = static_cast<uint16_t*>(out.data_ptr());
+  p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
+  p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.q_row_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.out_row_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.total_q = (int)q.size(0);
+  p.num_heads = (int)q.size(1);
+  p.batch = (int)qo_indptr.numel() - 1;
+  p.num_kv_rows = (int)num_rows;
+  p.num_splits = (int)num_splits;
+  p.sm_scale_log2 = (float)(sm_scale * 1.4426950408889634);
+  const int err = mla_gfx950::launch_decode(p, fp8 ? 0 : 1, (int)occupancy,
+                                            at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
+}

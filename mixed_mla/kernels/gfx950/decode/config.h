@@ -1,0 +1,62 @@
+// Tile and layout constants of the gfx950 MLA decode kernels, named once. mixed_mla/hip_twin.py mirrors the ones
+// that shape the arithmetic (tile, Q scaling target, split rule); tests/test_hip_twin.py checks they agree.
+#pragma once
+
+namespace mla_gfx950 {
+
+constexpr int QK_DIM = 576;            // latent 512 + rope 64: the Q.K contraction
+constexpr int V_DIM = 512;             // the first 512 dims of the same KV row
+constexpr int HEAD_GROUP = 16;         // heads per pass: the N dimension of the 16x16 MFMA
+constexpr int WAVE_SIZE = 64;
+constexpr int WAVES = 4;               // one wave per SIMD of a CU
+constexpr int THREADS = WAVES * WAVE_SIZE;
+constexpr int TILE_TOKENS = 32;        // two 16-token MFMA blocks per tile
+
+// Q.K: v_mfma_scale_f32_16x16x128_f8f6f4. Lane l holds row l%16 and the 32 contiguous K values of group l/16.
+constexpr int QK_STEP = 128;
+constexpr int QK_STEPS = (QK_DIM + QK_STEP - 1) / QK_STEP;              // 5: 640 dims, the last 64 padded
+constexpr int K_GROUP = 32;                                             // K values per lane per step
+constexpr int LAST_STEP_GROUPS = (QK_DIM - (QK_STEPS - 1) * QK_STEP) / K_GROUP;  // 2 of 4 lane groups are real
+constexpr int E8M0_ONE = 127;          // unit block scale for operands that carry none
+
+// P.V: v_mfma_f32_16x16x32_bf16, 4 waves x 128 dims; a lane owns 8 consecutive dims of each of its 4 heads.
+constexpr int V_DIMS_PER_WAVE = V_DIM / WAVES;                          // 128
+constexpr int V_DIMS_PER_LANE = V_DIMS_PER_WAVE / 16;                   // 8 = the 8 MFMA column blocks
+constexpr int PV_TOKENS_PER_LANE = 8;                                   // K of the bf16 MFMA per lane
+
+// In-kernel Q quantisation: each (row, head) is scaled by a power of two 2^s putting its amax in [128, 256),
+// so the scaling is exact, nothing saturates (448 is the e4m3 max) and the fp8 rounding is the only error.
+constexpr int Q_AMAX_EXPONENT = 8;     // frexp exponent of the scaled amax: amax * 2^s = m * 2^8, m in [0.5, 1)
+
+constexpr float LOG2E = 1.4426950408889634f;
+
+// Direct-to-LDS loads: global_load_lds_dwordx4 moves 16 B per lane, 1 KiB per wave instruction, into
+// consecutive LDS bytes. Tiles are contiguous in HBM (page size 1), so a tile is a run of 1 KiB chunks.
+constexpr int LOAD_CHUNK_BYTES = WAVE_SIZE * 16;
+
+// fp8 cache: 576-byte rows.
+constexpr int FP8_ROW_BYTES = QK_DIM;
+constexpr int FP8_TILE_BYTES = TILE_TOKENS * FP8_ROW_BYTES;             // 18432 = 18 chunks
+constexpr int FP8_TILE_CHUNKS = FP8_TILE_BYTES / LOAD_CHUNK_BYTES;
+
+// mxfp4 cache: 288 packed bytes a row plus a padded 24-byte row of e8m0 scales (18 real, one per 32 values).
+constexpr int FP4_ROW_BYTES = QK_DIM / 2;                               // 288
+constexpr int FP4_BLOCK = 32;
+constexpr int FP4_SCALE_ROW_BYTES = 24;                                 // the generator pads 18 scales to 24
+constexpr int FP4_PACKED_TILE_BYTES = TILE_TOKENS * FP4_ROW_BYTES;      // 9216 = 9 chunks
+constexpr int FP4_PACKED_TILE_CHUNKS = FP4_PACKED_TILE_BYTES / LOAD_CHUNK_BYTES;
+constexpr int FP4_SCALE_TILE_BYTES = TILE_TOKENS * FP4_SCALE_ROW_BYTES; // 768 = one dwordx3 wave load
+constexpr int FP4_TILE_BYTES = FP4_PACKED_TILE_BYTES + FP4_SCALE_TILE_BYTES;
+
+// Occupancy variants: workgroups per CU. With 4 waves a workgroup puts one wave on each SIMD, so the target is
+// also waves per SIMD: registers per lane <= 512 / occ. Buffers: occ4 single (18 KiB fp8), occ3 double
+// (36 KiB), occ2 triple (54 KiB, loads two tiles ahead); 160 KiB LDS per CU holds all of them at their target.
+constexpr int buffers_for_occupancy(int occ) { return occ == 4 ? 1 : occ == 3 ? 2 : 3; }
+
+// Where the fp8 Q operands live during the tile loop. In registers they take 40 of a lane's registers; at occ4
+// (128 registers) that left fp8 at 127 and spilled 8 for mxfp4 (clang 22), so occ4 reads Q from LDS instead
+// (10 KiB: 5 steps x 64 lanes x 32 B; then 102 / 106 registers), trading LDS reads for headroom.
+constexpr bool q_in_lds(int occ) { return occ >= 4; }
+constexpr int Q_LDS_BYTES = QK_STEPS * WAVE_SIZE * K_GROUP;
+
+}  // namespace mla_gfx950

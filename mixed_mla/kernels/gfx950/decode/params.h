@@ -1,0 +1,23 @@
+// The one launch-parameter struct of the gfx950 decode kernels; filled by binding.cpp from torch tensors.
+#pragma once
+#include <stdint.h>
+
+namespace mla_gfx950 {
+
+struct DecodeParams {
+  const uint16_t* q;               // bf16 bits, (total_q, num_heads, 576), last dim contiguous
+  const uint8_t* kv;               // fp8 e4m3 rows (num_kv_rows, 576) or packed e2m1 rows (num_kv_rows, 288)
+  const uint8_t* kv_block_scales;  // mxfp4: e8m0 rows of 24 bytes (>= num_kv_rows rows); unused for fp8
+  const float* kv_scale;           // fp8: the per-tensor scale, (1,), read on the device; unused for mxfp4
+  const int32_t* qo_indptr;        // (batch + 1,), read on the device and clamped
+  const int32_t* kv_indptr;        // (batch + 1,), read on the device and clamped
+  uint16_t* out;                   // bf16 bits (total_q, num_heads, 512); written when num_splits == 1
+  uint16_t* partial_out;           // bf16 bits [total_q][num_heads][num_splits][512], normalised per split
+  float* partial_lse;              // [total_q][num_heads][num_splits], log2 units; -inf for an empty split
+  int64_t q_row_stride, q_head_stride;      // elements
+  int64_t out_row_stride, out_head_stride;  // elements
+  int total_q, num_heads, batch, num_kv_rows, num_splits;
+  float sm_scale_log2;             // sm_scale * log2(e): scores are kept in log2 units for exp2
+};
+
+}  // namespace mla_gfx950

@@ -1,0 +1,54 @@
+// Device prelude: the few HIP names the gfx950 kernels use, so the same text builds two ways.
+// - Shipped build (ROCm torch load_inline / hipcc): the real <hip/hip_runtime.h> is included.
+// - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
+//   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
+// Either way only builtins and attributes reach the kernels: nothing here changes generated code.
+#pragma once
+
+#if __has_include(<hip/hip_runtime.h>)
+#include <hip/hip_runtime.h>
+#else
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+#endif
+
+#include <stdint.h>
+
+namespace mla_gfx950 {
+
+// clang vector types of the MFMA operands (the HIP headers name no equivalents for the fp8/fp4 forms).
+typedef int v8i __attribute__((ext_vector_type(8)));
+typedef float v4f __attribute__((ext_vector_type(4)));
+typedef unsigned v4u __attribute__((ext_vector_type(4)));
+typedef unsigned v3u __attribute__((ext_vector_type(3)));
+typedef float v2f __attribute__((ext_vector_type(2)));
+typedef __bf16 v8bf __attribute__((ext_vector_type(8)));
+typedef __bf16 v2bf __attribute__((ext_vector_type(2)));
+
+typedef __attribute__((address_space(1))) void global_void;
+typedef __attribute__((address_space(3))) void lds_void;
+
+__device__ inline int lane_id() { return (int)__builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
+__device__ inline int thread_id() { return (int)__builtin_amdgcn_workitem_id_x(); }
+__device__ inline int block_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
+__device__ inline int block_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
+__device__ inline int block_z() { return (int)__builtin_amdgcn_workgroup_id_z(); }
+__device__ inline void barrier() { __builtin_amdgcn_s_barrier(); }
+
+// Value of `v` in lane `src` of this wave (ds_bpermute addresses lanes in bytes).
+__device__ inline float lane_read(float v, int src) {
+  return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
+}
+__device__ inline float lane_xor(float v, int mask) { return lane_read(v, lane_id() ^ mask); }
+
+// Make a value wave-uniform so the compiler keeps it (and what is derived from it) in SGPRs.
+__device__ inline int uniform(int v) { return __builtin_amdgcn_readfirstlane(v); }
+
+// s_waitcnt with only the vector-memory counter constrained (gfx9 encoding: vmcnt in bits 3:0 and 15:14,
+// expcnt 6:4 and lgkmcnt 11:8 left at their maxima). `n` must fold to a constant.
+#define MLA_WAIT_VMCNT(n) \
+  __builtin_amdgcn_s_waitcnt(((n) & 0xF) | ((((n) >> 4) & 0x3) << 14) | (0x7 << 4) | (0xF << 8))
+
+}  // namespace mla_gfx950
