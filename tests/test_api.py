@@ -1,0 +1,129 @@
+"""The public API: decode / plan / DecodePlan.run semantics, no stale state, no aliasing, backend fallback."""
+import warnings
+
+import pytest
+import torch
+
+from mixed_mla import api, backends, exact, planner
+from mixed_mla.constants import DEFAULT_SM_SCALE
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    for name in ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
+    backends.unavailable_reason.cache_clear()
+    yield
+    backends.unavailable_reason.cache_clear()
+
+
+def _error(out, case, kv_format, cache, sm_scale=DEFAULT_SM_SCALE):
+    return exact.strict_error(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, sm_scale)
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_decode_is_exact_attention_rounded_to_bf16(make_case, kv_format):
+    case = make_case([1, 1, 1, 1], [1024] * 4)
+    cache = case.cache(kv_format)
+    out = api.decode(case.q, cache, case.qo_indptr, case.kv_indptr, kv_format=kv_format, backend="torch")
+    assert out.dtype == torch.bfloat16 and out.shape == (4, 16, 512)
+    assert _error(out, case, kv_format, cache) < 0.003        # bf16 output rounding alone costs 0.0017
+
+
+def test_empty_segments_and_rows_that_see_nothing_are_zeros(make_case):
+    case = make_case([2, 1, 3], [0, 4, 2])  # segment 0: no KV; segment 2: L=3 > N=2, so its row 0 sees nothing
+    out = api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16")
+    assert out[:2].abs().max() == 0 and out[3].abs().max() == 0
+    assert out[2].abs().max() > 0 and out[4:].abs().min(dim=-1).values.max() > 0
+    assert _error(out, case, "bf16", case.kv_bf16) < 0.003
+
+
+def test_sm_scale_is_respected(make_case):
+    case = make_case([1, 1], [300, 40])
+    out = api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16", sm_scale=0.3)
+    assert _error(out, case, "bf16", case.kv_bf16, 0.3) < 0.003
+    assert _error(out, case, "bf16", case.kv_bf16) > 0.1
+
+
+def test_out_is_written_when_given_and_new_otherwise(make_case):
+    case = make_case([1, 1], [10, 20])
+    out = torch.full((2, 16, 512), 7.0, dtype=torch.bfloat16)
+    returned = api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16", out=out)
+    assert returned is out and _error(out, case, "bf16", case.kv_bf16) < 0.003
+    first = api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16")
+    second = api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16")
+    assert first.data_ptr() != second.data_ptr() and torch.equal(first, second)
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_one_plan_two_calls_new_data_and_new_lengths(make_case, kv_format):
+    """A plan made for one layout, run on new data with new lengths: both results right, neither aliased."""
+    first = make_case([1, 1, 1], [512, 512, 512], seed=1)
+    second = make_case([2, 0, 1], [3, 900, 1], seed=2)     # same batch size, same total_q, other lengths
+    planned = api.plan(first.qo_indptr, first.kv_indptr, num_heads=16, kv_format=kv_format)
+    cache_1, cache_2 = first.cache(kv_format), second.cache(kv_format)
+    out_1 = planned.run(first.q, cache_1, first.qo_indptr, first.kv_indptr)
+    kept = out_1.clone()
+    out_2 = planned.run(second.q, cache_2, second.qo_indptr, second.kv_indptr)
+    assert out_1.data_ptr() != out_2.data_ptr() and torch.equal(out_1, kept)
+    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[kv_format]
+    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[kv_format]
+
+
+def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case):
+    case = make_case([1, 3], [5, 70])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
+    assert (planned.max_q_len, planned.max_kv_len, planned.batch, planned.kv_format) == (3, 70, 2, "bf16")
+    other = make_case([1, 1, 1], [5, 5, 5])
+    with pytest.raises(ValueError, match="this plan is for batch 2, 16 heads on cpu; got batch 3"):
+        planned.run(other.q, other.kv_bf16, other.qo_indptr, other.kv_indptr)
+    with pytest.raises(ValueError, match="must be non-decreasing"):
+        api.plan(torch.tensor([0, 2, 1], dtype=torch.int32), case.kv_indptr, num_heads=16)
+
+
+def test_an_unavailable_planned_backend_falls_back_to_torch_with_one_warning(make_case, monkeypatch):
+    monkeypatch.setattr(api, "device_arch", lambda device: "sm90")   # plans cuda_sm90, which cannot run on a CPU
+    case = make_case([1], [64])
+    with pytest.warns(RuntimeWarning, match="falling back to the torch backend .slow. because") as caught:
+        planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
+    assert len(caught) == 1
+    assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
+    assert planned.kv_format == "bf16"                  # re-planned for torch: its fastest format
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                  # the second fallback is silent
+        out = api.decode(case.q, case.cache("mxfp4"), case.qo_indptr, case.kv_indptr, kv_format="mxfp4")
+    assert _error(out, case, "mxfp4", case.cache("mxfp4")) < 0.003
+
+
+def test_an_import_failure_is_reported_with_its_exception_text(monkeypatch):
+    monkeypatch.setitem(backends._MODULES, "cuda_sm90", "no_such_backend_module")
+    reason = backends.unavailable_reason("cuda_sm90", "cpu")
+    assert "failed to import: ModuleNotFoundError" in reason and "no_such_backend_module" in reason
+
+
+def test_a_forced_backend_that_does_not_support_the_request_is_an_error(make_case, monkeypatch):
+    torch_backend = backends.module("torch")
+    monkeypatch.setattr(torch_backend, "supports", lambda kv_format, num_heads: num_heads != 32)
+    monkeypatch.setattr(api, "device_arch", lambda device: "cpu")
+    case = make_case([1], [8], num_heads=32)
+    with pytest.raises(RuntimeError, match="does not support kv_format bf16 with 32 heads"):
+        api.plan(case.qo_indptr, case.kv_indptr, num_heads=32, backend="torch")
+
+
+def test_a_forced_backend_that_cannot_run_is_an_error(make_case, monkeypatch):
+    case = make_case([1], [8])
+    with pytest.raises(RuntimeError, match="the requested backend 'cuda_sm90' cannot run here"):
+        api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16", backend="cuda_sm90")
+    monkeypatch.setenv("MLA_BACKEND", "hip_gfx950")
+    with pytest.raises(RuntimeError, match="the requested backend 'hip_gfx950' cannot run here"):
+        api.decode(case.q, case.cache("fp8"), case.qo_indptr, case.kv_indptr, kv_format="fp8")
+
+
+def test_the_planned_backend_of_this_machine_is_usable(make_case):
+    """On an H200 this fails when the Hopper backend is broken, instead of silently timing the torch fallback."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    arch = planner.device_arch(device)
+    for kv_format in ("bf16", "fp8", "mxfp4"):
+        backend = planner.plan_for(arch, 4, 1, 1024, 16, kv_format).backend
+        assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)

@@ -1,0 +1,181 @@
+"""The planner is pure: (arch, shape, format, environment, table) -> Plan. Specified case by case here."""
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mixed_mla import planner
+from mixed_mla.constants import KV_FORMATS, SUPPORTED_NUM_HEADS
+from mixed_mla.planner import Plan, candidates, heuristic_splits, plan_for
+
+
+@pytest.fixture(autouse=True)
+def no_tables_no_env(monkeypatch):
+    """Each test starts from the heuristic with a clean environment; tests that need a table install one."""
+    for name in ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", {})
+    planner.table_for.cache_clear()
+    yield
+    planner.table_for.cache_clear()
+
+
+def _install_table(monkeypatch, arch, entries):
+    text = json.dumps({"device": arch, "provenance": {"measured_by": "test"}, "entries": entries})
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", {planner.TABLE_FILES[arch]: text})
+    planner.table_for.cache_clear()
+
+
+def _entry(plan, kv_format="auto", batch=4, kv_len=1024):
+    return {"batch": batch, "q_len": 1, "kv_len": kv_len, "num_heads": 16, "kv_format": kv_format, "plan": plan,
+            "us": 5.0}
+
+
+def test_cpu_plans_the_torch_backend_on_bf16():
+    assert plan_for("cpu", 4, 1, 1024, 16) == Plan("torch", "bf16", 1)
+    assert plan_for("cpu", 4, 1, 1024, 16, "mxfp4") == Plan("torch", "mxfp4", 1)
+
+
+def test_device_defaults():
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "mxfp4", 4)
+    assert plan_for("gfx950", 4, 1, 1024, 16) == Plan("hip_gfx950", "fp8", 4, "occ3")
+    assert plan_for("gfx950", 4, 1, 1024, 16, "mxfp4").backend == "hip_gfx950"
+    assert plan_for("gfx950", 4, 1, 1024, 16, "bf16").backend == "aiter"      # the HIP kernels read fp8/mxfp4
+    assert plan_for("gfx942", 4, 1, 1024, 16).backend == "aiter"
+    assert plan_for("gfx942", 4, 1, 1024, 16, "mxfp4").backend == "torch"     # aiter has no mxfp4 kernel
+    assert plan_for("cuda", 4, 1, 1024, 16).backend == "torch"
+
+
+@pytest.mark.parametrize("arch, batch, kv_len, heads, splits", [
+    ("sm90", 4, 1024, 16, 4),       # 1024 tokens allow 4 splits of 256
+    ("sm90", 4, 8192, 16, 32),      # 2 waves of 132 SMs over 4 workgroups: 66, tokens allow 32
+    ("sm90", 32, 8192, 16, 9),      # ceil(264 / 32)
+    ("sm90", 256, 8192, 16, 2),     # ceil(264 / 256)
+    ("sm90", 64, 8192, 128, 1),     # 8 head groups x 64 already fill 2 waves
+    ("gfx950", 4, 100000, 16, 64),  # capped at 64
+    ("gfx950", 8, 100, 16, 1),      # too short to split
+])
+def test_heuristic_splits(arch, batch, kv_len, heads, splits):
+    assert heuristic_splits(arch, batch, kv_len, heads) == splits
+
+
+@given(arch=st.sampled_from(["sm90", "gfx950", "gfx942", "cpu"]), batch=st.integers(1, 1024),
+       kv_len=st.integers(1, 200000), heads=st.sampled_from(SUPPORTED_NUM_HEADS))
+def test_heuristic_split_invariants(arch, batch, kv_len, heads):
+    splits = heuristic_splits(arch, batch, kv_len, heads)
+    assert 1 <= splits <= planner.MAX_SPLITS
+    assert splits == 1 or kv_len // splits >= 256
+
+
+def test_plans_are_pure():
+    assert plan_for("sm90", 32, 2, 4096, 64, "fp8") == plan_for("sm90", 32, 2, 4096, 64, "fp8")
+
+
+def test_env_overrides(monkeypatch):
+    monkeypatch.setenv("MLA_BACKEND", "torch")
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("torch", "bf16", 1, source="heuristic+env")
+    monkeypatch.setenv("MLA_KV_FORMAT", "fp8")
+    assert plan_for("sm90", 4, 1, 1024, 16).kv_format == "fp8"
+    assert plan_for("sm90", 4, 1, 1024, 16, "mxfp4").kv_format == "mxfp4"  # the caller's cache wins
+    monkeypatch.setenv("MLA_SPLITS", "7")
+    assert plan_for("sm90", 4, 1, 1024, 16).num_splits == 7
+    assert plan_for("sm90", 4, 1, 1024, 16, backend="cuda_sm90").backend == "cuda_sm90"  # the argument wins
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("MLA_BACKEND", "triton", "MLA_BACKEND='triton' is not a backend"),
+    ("MLA_KV_FORMAT", "fp4", "MLA_KV_FORMAT='fp4' is not a cache format"),
+    ("MLA_SPLITS", "0", "MLA_SPLITS='0' must be an integer in 1..64"),
+    ("MLA_SPLITS", "65", "MLA_SPLITS='65' must be an integer in 1..64"),
+    ("MLA_SPLITS", "four", "MLA_SPLITS='four' must be an integer in 1..64"),
+    ("MLA_SPLITS", "-2", "MLA_SPLITS='-2' must be an integer in 1..64"),
+])
+def test_bad_env_values_are_clear_errors(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError) as raised:
+        plan_for("sm90", 4, 1, 1024, 16)
+    assert message in str(raised.value)
+
+
+def test_a_backend_that_cannot_read_the_format_is_refused(monkeypatch):
+    with pytest.raises(ValueError, match="backend 'aiter' cannot read kv_format 'mxfp4'"):
+        plan_for("gfx950", 4, 1, 1024, 16, "mxfp4", backend="aiter")
+    monkeypatch.setenv("MLA_BACKEND", "aiter")
+    assert plan_for("gfx950", 4, 1, 1024, 16).kv_format == "fp8"   # auto picks what aiter reads
+
+
+def test_table_entries_win_over_the_heuristic(monkeypatch):
+    table_plan = {"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 12, "variant": "x", "page_size": 1}
+    _install_table(monkeypatch, "sm90", [_entry(table_plan)])
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "fp8", 12, "x", 1, "table")
+    assert plan_for("sm90", 4, 1, 1024, 16, "fp8").source == "table"       # the auto choice is what was asked
+    assert plan_for("sm90", 4, 1, 1024, 16, "mxfp4").source == "heuristic"
+    assert plan_for("sm90", 8, 1, 1024, 16).source == "heuristic"           # another shape
+    monkeypatch.setenv("MLA_BACKEND", "torch")
+    assert plan_for("sm90", 4, 1, 1024, 16).backend == "torch"             # a forced backend skips the entry
+    monkeypatch.setenv("MLA_BACKEND", "cuda_sm90")
+    monkeypatch.setenv("MLA_SPLITS", "3")
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "fp8", 3, "x", 1, "table+env")
+
+
+def test_format_specific_entries(monkeypatch):
+    fp8_plan = {"backend": "aiter", "kv_format": "fp8", "num_splits": 16, "variant": "fast", "page_size": 8}
+    _install_table(monkeypatch, "gfx950", [_entry(fp8_plan, kv_format="fp8")])
+    assert plan_for("gfx950", 4, 1, 1024, 16, "fp8") == Plan("aiter", "fp8", 16, "fast", 8, "table")
+    assert plan_for("gfx950", 4, 1, 1024, 16).source == "heuristic"        # no "auto" entry
+
+
+def test_a_missing_table_means_the_heuristic(monkeypatch, tmp_path):
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", None)
+    monkeypatch.setattr(planner, "TABLE_DIR", tmp_path)
+    planner.table_for.cache_clear()
+    assert plan_for("sm90", 4, 1, 1024, 16).source == "heuristic"
+
+
+def test_tables_are_read_from_disk(monkeypatch, tmp_path):
+    plan = {"backend": "cuda_sm90", "kv_format": "mxfp4", "num_splits": 5}
+    (tmp_path / "h200.json").write_text(json.dumps({"entries": [_entry(plan)]}))
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", None)
+    monkeypatch.setattr(planner, "TABLE_DIR", tmp_path)
+    planner.table_for.cache_clear()
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "mxfp4", 5, "", 1, "table")
+
+
+@pytest.mark.parametrize("entries, message", [
+    ([_entry({"backend": "cuda", "kv_format": "fp8", "num_splits": 4})], "unknown backend 'cuda'"),
+    ([_entry({"backend": "aiter", "kv_format": "mxfp4", "num_splits": 4})], "aiter cannot read 'mxfp4'"),
+    ([_entry({"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 0})], "num_splits 0 outside 1..64"),
+    ([_entry({"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 2}, kv_format="bf16")],
+     "answers a request for bf16 with a fp8 plan"),
+    ([{"batch": 4, "plan": {}}], "KeyError"),
+])
+def test_malformed_tables_are_clear_errors(monkeypatch, entries, message):
+    _install_table(monkeypatch, "sm90", entries)
+    with pytest.raises(ValueError, match="planner table h200.json is malformed") as raised:
+        plan_for("sm90", 4, 1, 1024, 16)
+    assert message in str(raised.value)
+
+
+def test_the_committed_tables_parse():
+    for filename in planner.TABLE_FILES.values():
+        path = planner.TABLE_DIR / filename
+        if path.exists():
+            planner.parse_table(path.read_text(), filename)
+
+
+def test_candidates_cover_the_backends_variants_and_splits():
+    plans = candidates("gfx950", 4, 1, 1024, 16)
+    assert plans[0] == plan_for("gfx950", 4, 1, 1024, 16, "bf16")          # heuristic plans come first per format
+    assert {p.backend for p in plans} == {"hip_gfx950", "aiter"}
+    assert not any(p.backend == "aiter" and p.kv_format == "mxfp4" for p in plans)
+    assert {p.variant for p in plans if p.backend == "hip_gfx950"} == {"occ2", "occ3", "occ4"}
+    assert {p.page_size for p in plans if p.backend == "aiter"} == {1, 2, 8}
+    assert {p.num_splits for p in plans} == {1, 2, 4, 8, 16}              # >= 64 tokens per split
+    assert len(plans) == len(set((p.backend, p.kv_format, p.num_splits, p.variant, p.page_size) for p in plans))
+
+
+def test_candidates_without_a_compiled_backend_are_the_torch_plans(monkeypatch):
+    monkeypatch.setenv("MLA_BACKEND", "aiter")  # ignored by candidates
+    assert candidates("cpu", 4, 1, 1024, 16) == [Plan("torch", f, 1) for f in KV_FORMATS]
+    assert {p.num_splits for p in candidates("sm90", 2, 1, 100000, 16)} == {2 ** i for i in range(7)}

@@ -1,0 +1,99 @@
+"""Every backend usable on this machine against exact float64 attention, over random batch layouts.
+
+Layouts: 1-4 segments, q_len 0-4 per segment (0 = a segment with no queries), kv_len 0-3000 (0 = an empty
+segment: its rows must be zeros), uniform or variable, heads 16/32/64/128, every cache format. The cache carries
+poisoned rows (NaN) after the last segment, so a backend reading past kv_indptr[-1] produces NaN and fails.
+The negative cases show the check can fail: zeros and a cache subsampled to every other token are rejected.
+"""
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mixed_mla import api, exact, formats
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, SUPPORTED_NUM_HEADS
+
+_POISON_ROWS = 3
+_FP8_NAN = 0x7F     # e4m3fn: exponent and mantissa all ones
+_E8M0_NAN = 0xFF
+
+
+@st.composite
+def layouts(draw):
+    num_heads = draw(st.sampled_from(SUPPORTED_NUM_HEADS))
+    batch = draw(st.integers(1, 4))
+    # Keep heads x q rows x kv rows small enough that float64 exact attention stays fast on a 2-core CPU.
+    longest_kv = 3000 if num_heads <= 32 else 600
+    if draw(st.booleans()):  # uniform: the vectorised path of the torch backend
+        q_lens = [draw(st.integers(1, 4))] * batch
+        kv_lens = [draw(st.integers(1, longest_kv))] * batch
+    else:
+        q_lens = draw(st.lists(st.integers(0, 4), min_size=batch, max_size=batch))
+        kv_lens = draw(st.lists(st.one_of(st.integers(0, 64), st.integers(0, longest_kv)),
+                                min_size=batch, max_size=batch))
+    if sum(q_lens) == 0:
+        q_lens[0] = 1
+    return q_lens, kv_lens, num_heads
+
+
+def _poisoned(cache, kv_format):
+    """The cache with _POISON_ROWS NaN rows appended (rows no segment may read)."""
+    if kv_format == "bf16":
+        return torch.cat([cache, torch.full_like(cache[:_POISON_ROWS], float("nan"))])
+    if kv_format == "fp8":
+        data, scale = cache
+        nan_rows = torch.full_like(formats.as_uint8(data[:1]), _FP8_NAN).expand(_POISON_ROWS, -1, -1)
+        return torch.cat([data, nan_rows.view(data.dtype)]), scale
+    packed, scales = cache
+    rows = packed.shape[0]
+    new_scales = torch.full(formats.mxfp4_scale_shape(rows + _POISON_ROWS), _E8M0_NAN, dtype=torch.uint8,
+                            device=packed.device)
+    new_scales[:rows] = formats.as_uint8(scales)[:rows]
+    new_packed = torch.cat([formats.as_uint8(packed), torch.zeros_like(formats.as_uint8(packed[:1]))
+                            .expand(_POISON_ROWS, -1, -1)])
+    return new_packed.view(packed.dtype), new_scales.view(scales.dtype)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=layouts(), kv_format=st.sampled_from(KV_FORMATS), seed=st.integers(0, 2**16))
+def test_backend_matches_exact_attention(device_backend, make_case, layout, kv_format, seed):
+    device, backend = device_backend
+    q_lens, kv_lens, num_heads = layout
+    case = make_case(q_lens, kv_lens, num_heads, seed, device)
+    cache = _poisoned(case.cache(kv_format), kv_format)
+    out = api.decode(case.q, cache, case.qo_indptr, case.kv_indptr, kv_format=kv_format, backend=backend,
+                     validate=True)
+    ok, err, bound = exact.check_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr,
+                                        DEFAULT_SM_SCALE)
+    assert ok, f"{backend} on {device}: relative L2 {err:.4f} > {bound} for q_lens {q_lens}, kv_lens {kv_lens}"
+    assert out.shape == (sum(q_lens), num_heads, 512)
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_zeros_and_a_subsampled_cache_fail_the_check(device_backend, make_case, kv_format):
+    device, backend = device_backend
+    case = make_case([1, 2, 1], [700, 1024, 333], num_heads=16, seed=7, device=device)
+    cache = case.cache(kv_format)
+    args = (case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, DEFAULT_SM_SCALE)
+    assert not exact.check_strict(torch.zeros(4, 16, 512, dtype=torch.bfloat16, device=device), *args)[0]
+    # The same backend given every other token of each segment: a plausible-looking but wrong output.
+    kept = torch.cat([torch.arange(a, b, 2) for a, b in zip([0, 700, 1724], [700, 1724, 2057])])
+    half_lens = [350, 512, 167]
+    half = make_case([1, 2, 1], half_lens, num_heads=16, device=device)
+    half_cache = _rows(cache, kv_format, kept.to(device))
+    out = api.decode(case.q, half_cache, case.qo_indptr, half.kv_indptr, kv_format=kv_format, backend=backend)
+    assert exact.check_strict(out, case.q, half_cache, kv_format, case.qo_indptr, half.kv_indptr,
+                              DEFAULT_SM_SCALE)[0], "the backend itself must be right on the subsampled cache"
+    passed, err, _ = exact.check_strict(out, *args)
+    assert not passed and err > 0.3
+
+
+def _rows(cache, kv_format, index):
+    if kv_format == "bf16":
+        return cache[index]
+    if kv_format == "fp8":
+        return cache[0][index], cache[1]
+    packed, scales = cache
+    new_scales = torch.zeros(formats.mxfp4_scale_shape(index.numel()), dtype=torch.uint8, device=index.device)
+    new_scales[:index.numel()] = formats.as_uint8(scales)[index]
+    return formats.as_uint8(packed)[index].view(packed.dtype), new_scales.view(scales.dtype)
