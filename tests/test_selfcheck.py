@@ -1,0 +1,102 @@
+"""The run-time self-check, exercised on CPU through its real code path with injected kernel results.
+
+The "kernels" here are stand-ins with the backend run signature: the torch backend (right), the gfx950 numerics
+twin (right, the arithmetic the HIP kernels are designed to), and deliberately wrong ones (zeros, a head-group
+indexing bug, a kernel reading past its segment, a kernel that raises). A wrong one must be refused with exactly
+one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check.
+"""
+import warnings
+
+import pytest
+import torch
+
+from mixed_mla import hip_twin, selfcheck
+from mixed_mla.backends import torch_ref
+from mixed_mla.planner import Plan
+
+
+@pytest.fixture(autouse=True)
+def fresh_results(monkeypatch):
+    monkeypatch.setattr(selfcheck, "_results", {})
+    monkeypatch.delenv(selfcheck.ENV_SWITCH, raising=False)
+
+
+def _plan(kv_format="fp8", variant="occ3", num_splits=4):
+    return Plan(backend="hip_gfx950", kv_format=kv_format, num_splits=num_splits, variant=variant)
+
+
+class Counting:
+    """Wraps a run function and counts its calls."""
+
+    def __init__(self, fn):
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        self.fn(*args)
+
+
+def twin_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    out.copy_(hip_twin.twin_decode(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, plan.num_splits))
+
+
+def zeros_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    out.zero_()
+
+
+def head_group_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len)
+    out[:, 16:32] = out[:, 0:16]   # the second head group written from the first group's results
+
+
+def reads_past_segment_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    # every segment one row longer at the end: the last one runs into the poisoned rows
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr + torch.arange(len(kv_indptr), dtype=torch.int32),
+                  out, plan, sm_scale, max_q_len)
+
+
+def raising_kernel(*args):
+    raise RuntimeError("hipErrorNoBinaryForGpu")
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+@pytest.mark.parametrize("kernel", [torch_ref.run, twin_kernel], ids=["torch", "hip_twin"])
+def test_correct_kernels_pass_silently(kernel, kv_format):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified("hip_gfx950", kernel, _plan(kv_format), "cpu")
+
+
+@pytest.mark.parametrize("kernel", [zeros_kernel, head_group_bug_kernel, reads_past_segment_kernel, raising_kernel])
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_wrong_kernel_is_refused_once_with_one_warning(kernel, kv_format):
+    counted = Counting(kernel)
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'hip_gfx950' variant 'occ2'") as record:
+        assert not selfcheck.verified("hip_gfx950", counted, _plan(kv_format, "occ2"), "cpu")
+    assert len(record) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the remembered verdict: no second warning, no second run
+        assert not selfcheck.verified("hip_gfx950", counted, _plan(kv_format, "occ2"), "cpu")
+    assert counted.calls == 1
+
+
+def test_verdicts_are_per_variant_and_format():
+    with pytest.warns(RuntimeWarning, match="variant 'occ4' kv_format fp8"):
+        assert not selfcheck.verified("hip_gfx950", zeros_kernel, _plan("fp8", "occ4"), "cpu")
+    assert selfcheck.verified("hip_gfx950", torch_ref.run, _plan("fp8", "occ3"), "cpu")
+    assert selfcheck.verified("hip_gfx950", torch_ref.run, _plan("mxfp4", "occ4"), "cpu")
+
+
+def test_switch_off_skips_the_check(monkeypatch):
+    monkeypatch.setenv(selfcheck.ENV_SWITCH, "0")
+    counted = Counting(zeros_kernel)
+    assert selfcheck.verified("hip_gfx950", counted, _plan(), "cpu")
+    assert counted.calls == 0
+
+
+def test_the_layout_poisons_what_must_not_be_read():
+    q, (data, scale), qo, kvp = selfcheck.check_inputs("fp8", "cpu")
+    used = int(kvp[-1])
+    assert torch.isnan(data[used:].float()).all() and not torch.isnan(data[:used].float()).any()
+    _, (packed, scales), _, kvp = selfcheck.check_inputs("mxfp4", "cpu")
+    assert (scales.view(torch.uint8)[:, 18:] == selfcheck.E8M0_NAN).all()
