@@ -1,0 +1,121 @@
+"""tools/autotune.py on CPU with the torch backend and tiny shapes: it measures every candidate, keeps only plans that
+pass the strict check, writes a table the planner loads, resumes from its partial results and merges tables."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import autotune  # noqa: E402
+
+from mixed_mla import planner  # noqa: E402
+from mixed_mla.backends import torch_ref  # noqa: E402
+
+SHAPES = ["2x32", "3x20"]
+
+
+def _tune(tmp_path, *extra):
+    table = tmp_path / "table.json"
+    argv = ["--device", "cpu", "--device-table", str(table), "--partial", str(tmp_path / "partial.jsonl"),
+            "--repeats", "2", "--shapes", *SHAPES, *extra]
+    autotune.main(argv)
+    return table
+
+
+def _records(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "partial.jsonl").read_text().splitlines()]
+
+
+def test_writes_a_table_the_planner_loads_with_provenance(tmp_path, capsys):
+    table_path = _tune(tmp_path)
+    text = table_path.read_text()
+    table = planner.parse_table(text, "autotuned")
+    for batch, kv_len in ((2, 32), (3, 20)):
+        for requested in ("auto", "bf16", "fp8", "mxfp4"):
+            plan = table[(batch, 1, kv_len, 16, requested)]
+            assert plan.backend == "torch" and requested in ("auto", plan.kv_format)
+    provenance = json.loads(text)["provenance"]
+    assert provenance["measured_by"] == "tools/autotune.py" and provenance["gpu"] == "cpu"
+    assert {"date", "commit", "torch", "notes"} <= set(provenance)
+    assert len(_records(tmp_path)) == 6                       # 3 torch candidates (one per format) x 2 shapes
+    assert "/6" in capsys.readouterr().err                    # the plain progress bar (tqdm absent here)
+
+
+def test_resumes_from_partial_results(tmp_path, monkeypatch):
+    calls = []
+    real_measure = autotune.measure
+
+    def interrupted_after_two(*args):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(args[0])
+        return real_measure(*args)
+
+    monkeypatch.setattr(autotune, "measure", interrupted_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path)
+    assert len(_records(tmp_path)) == 2
+    calls.clear()
+    monkeypatch.setattr(autotune, "measure", lambda *args: calls.append(args[0]) or real_measure(*args))
+    _tune(tmp_path)
+    assert len(calls) == 4 and len(_records(tmp_path)) == 6   # only what was missing
+    calls.clear()
+    _tune(tmp_path)
+    assert calls == []                                        # nothing left to measure
+    _tune(tmp_path, "--restart")
+    assert len(calls) == 6
+
+
+def test_a_fast_wrong_plan_is_never_chosen(tmp_path, monkeypatch):
+    """Negative case: a plan that skips the work (zeros, instantly) must fail the strict check and lose."""
+    real_candidates, real_run = planner.candidates, torch_ref.run
+    zeros = planner.Plan("torch", "fp8", 1, "zeros")
+
+    def with_a_cheat(arch, batch, q_len, kv_len, num_heads):
+        return real_candidates(arch, batch, q_len, kv_len, num_heads) + [zeros]
+
+    def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+        if plan.variant == "zeros":
+            out.zero_()
+        else:
+            real_run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len)
+
+    monkeypatch.setattr(planner, "candidates", with_a_cheat)
+    monkeypatch.setattr(torch_ref, "run", run)
+    table = planner.parse_table(_tune(tmp_path).read_text(), "autotuned")
+    assert all(plan.variant != "zeros" for plan in table.values())
+    cheats = [r for r in _records(tmp_path) if r["plan"]["variant"] == "zeros"]
+    assert len(cheats) == 2 and all(r["status"].startswith("rejected: strict error 1") for r in cheats)
+
+
+def test_other_shapes_of_an_existing_table_are_kept(tmp_path):
+    old_entry = {"batch": 7, "q_len": 1, "kv_len": 99, "num_heads": 16, "kv_format": "auto", "us": 1.0,
+                 "plan": {"backend": "torch", "kv_format": "bf16", "num_splits": 1, "variant": "", "page_size": 1}}
+    replaced = {**old_entry, "batch": 2, "kv_len": 32, "us": 0.001}
+    (tmp_path / "table.json").write_text(json.dumps({"device": "cpu", "provenance": {"measured_by": "someone"},
+                                                     "entries": [old_entry, replaced]}))
+    table = json.loads(_tune(tmp_path).read_text())
+    kept = [e for e in table["entries"] if e["batch"] == 7]
+    assert kept == [{**old_entry, "source": "someone"}]
+    assert [e["us"] for e in table["entries"] if (e["batch"], e["kv_format"]) == (2, "auto")] != [0.001]
+
+
+def test_shape_arguments_are_checked():
+    assert autotune.parse_shape("32x8192", 1, 16) == autotune.Shape(32, 1, 8192, 16)
+    for bad in ("32", "0x10", "4x1"):
+        with pytest.raises(Exception, match="shape"):
+            autotune.parse_shape(bad, 2, 16)
+
+
+def test_an_unplanned_device_needs_an_explicit_table_path():
+    with pytest.raises(SystemExit, match="--device-table"):
+        autotune.main(["--device", "cpu", "--shapes", "2x32"])
+
+
+def test_the_default_shapes_are_the_benchmark_shapes():
+    args = autotune.parse_args([])
+    assert [(s.batch, s.kv_len) for s in args.shapes] == [(4, 1024), (4, 8192), (32, 1024), (32, 8192),
+                                                          (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+    assert torch.device(args.device).type in ("cpu", "cuda")

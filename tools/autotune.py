@@ -1,0 +1,351 @@
+"""Measure every candidate plan per shape on this device and write the planner table (mixed_mla/tables/<device>.json).
+
+    python tools/autotune.py                                  # the 8 benchmark shapes, q_len 1, 16 heads
+    python tools/autotune.py --shapes 4x1024 256x8192 --q-len 2 --heads 16 --repeats 30
+    python tools/autotune.py --device cpu --device-table /tmp/cpu.json --shapes 2x64   # a smoke run
+
+For each shape (batch x kv_len) it times every plan of planner.candidates(...) through the public API (api.plan for
+the backend, the candidate's Plan swapped in, DecodePlan.run): device events around each call, the caches flushed by
+a write larger than them before every call, the median of the repeats. A plan counts only if its output passes the
+strict check (relative L2 against exact float64 attention on the cache format it reads, exact.STRICT_BOUND); the
+fastest passing plan becomes the table entry of its shape, per cache format and for "auto" (the fastest of all).
+Inputs are the problem's: randn Q and KV, uniform lengths, the fp8 / mxfp4 caches quantised from the bf16 one.
+
+Resumable: every measurement is appended to a partial-results file (default .build/autotune/<table>.partial.jsonl,
+git-ignored) as it is made; a rerun skips what that file already holds for this GPU (--restart discards it).
+The table is merged: entries of shapes not measured in this run are kept, each with its own "source".
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from mixed_mla import api, exact, formats, planner  # noqa: E402
+from mixed_mla.constants import DEFAULT_SM_SCALE, QK_HEAD_DIM  # noqa: E402
+
+BENCHMARK_SHAPES = ("4x1024", "4x8192", "32x1024", "32x8192", "64x1024", "64x8192", "256x1024", "256x8192")
+PARTIAL_DIR = REPO / ".build" / "autotune"
+# The flush write must exceed the largest cache level: H200 L2 is 60 MB, MI355X's Infinity Cache 256 MB.
+FLUSH_BYTES = 1 << 30
+WARMUP_CALLS = 3
+TABLE_NAMES = {"sm90": "H200", "gfx950": "MI355X"}   # device_arch -> the "device" field of its table
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    batch: int
+    q_len: int
+    kv_len: int
+    num_heads: int
+
+    @property
+    def key(self):
+        return [self.batch, self.q_len, self.kv_len, self.num_heads]
+
+    def __str__(self):
+        return f"{self.batch}x{self.kv_len} q{self.q_len} h{self.num_heads}"
+
+
+def parse_shape(text: str, q_len: int, num_heads: int) -> Shape:
+    try:
+        batch, kv_len = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"shape {text!r} is not BATCHxKV_LEN (e.g. 32x8192)") from None
+    if batch < 1 or kv_len < q_len:
+        raise argparse.ArgumentTypeError(f"shape {text!r}: need batch >= 1 and kv_len >= q_len ({q_len})")
+    return Shape(batch, q_len, kv_len, num_heads)
+
+
+def plan_fields(plan: planner.Plan) -> dict:
+    return {"backend": plan.backend, "kv_format": plan.kv_format, "num_splits": plan.num_splits,
+            "variant": plan.variant, "page_size": plan.page_size}
+
+
+# ---- inputs, references, timing ----
+
+def make_inputs(shape: Shape, device, seed: int):
+    """(q, {format: cache}, qo_indptr, kv_indptr) as the problem's generator makes them (uniform lengths)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(shape.batch * shape.q_len, shape.num_heads, QK_HEAD_DIM, dtype=torch.bfloat16, device=device,
+                    generator=g)
+    kv = torch.randn(shape.batch * shape.kv_len, 1, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=g)
+    caches = {"bf16": kv, "fp8": formats.quantize_fp8(kv), "mxfp4": formats.quantize_mxfp4(kv)}
+    steps = torch.arange(shape.batch + 1, dtype=torch.int32, device=device)
+    return q, caches, steps * shape.q_len, steps * shape.kv_len
+
+
+class Timer:
+    """Median time of a call in microseconds: device events with a cache flush on a GPU, perf_counter on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+
+    def median_us(self, call, repeats: int) -> float:
+        for _ in range(WARMUP_CALLS):
+            call()
+        if self.flush_buffer is None:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                call()
+                times.append((time.perf_counter() - start) * 1e6)
+            return statistics.median(times)
+        events = []
+        for _ in range(repeats):
+            self.flush_buffer.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize(self.device)
+        return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
+
+
+def measure(candidate: planner.Plan, shape: Shape, inputs, reference, timer: Timer, repeats: int) -> dict:
+    """One record: the plan, its median time and strict error, and whether it passed (or why it could not run)."""
+    q, caches, qo_indptr, kv_indptr = inputs
+    record = {"shape": shape.key, "plan": plan_fields(candidate)}
+    try:
+        planned = api.plan(qo_indptr, kv_indptr, num_heads=shape.num_heads, device=q.device,
+                           kv_format=candidate.kv_format, max_q_len=shape.q_len, max_kv_len=shape.kv_len,
+                           backend=candidate.backend)
+        planned = dataclasses.replace(planned, plan=candidate)
+        cache = caches[candidate.kv_format]
+
+        def call():
+            return planned.run(q, cache, qo_indptr, kv_indptr, sm_scale=DEFAULT_SM_SCALE)
+
+        error = exact.relative_l2(call(), reference[candidate.kv_format])
+        record["strict_error"] = error if math.isfinite(error) else None
+        if not error < exact.STRICT_BOUND[candidate.kv_format]:
+            record["status"] = f"rejected: strict error {error:.3g} >= {exact.STRICT_BOUND[candidate.kv_format]}"
+            return record
+        record["us"] = timer.median_us(call, repeats)
+        record["status"] = "ok"
+    except (ValueError, RuntimeError, NotImplementedError) as failure:  # refused plans, unavailable backends
+        record["status"] = f"failed: {type(failure).__name__}: {failure}"
+    return record
+
+
+# ---- partial results ----
+
+class PartialResults:
+    """Append-only JSON lines of measurements on one GPU; what is there is not measured again."""
+
+    def __init__(self, path: Path, gpu: str, restart: bool):
+        self.path, self.gpu = path, gpu
+        self.records = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if restart and path.exists():
+            path.unlink()
+        if path.exists():
+            for line in path.read_text().splitlines():
+                record = json.loads(line)
+                if record.get("gpu") == gpu:
+                    self.records.append(record)
+        self.done = {self._key(r["shape"], r["plan"]) for r in self.records}
+
+    @staticmethod
+    def _key(shape_key, fields):
+        return json.dumps([shape_key, fields], sort_keys=True)
+
+    def has(self, shape: Shape, plan: planner.Plan) -> bool:
+        return self._key(shape.key, plan_fields(plan)) in self.done
+
+    def add(self, record: dict) -> None:
+        record = {**record, "gpu": self.gpu}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.records.append(record)
+        self.done.add(self._key(record["shape"], record["plan"]))
+
+
+# ---- progress ----
+
+class PlainProgress:
+    """A one-line text progress bar on stderr, for when tqdm is not installed."""
+
+    def __init__(self, total: int):
+        self.total, self.count, self.text = total, 0, ""
+
+    def set_description(self, text: str) -> None:
+        self.text = text
+
+    def update(self, n: int = 1) -> None:
+        self.count += n
+        filled = int(30 * self.count / max(self.total, 1))
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.count}/{self.total} {self.text[:60]:<60}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        sys.stderr.write("\n")
+
+
+def progress_bar(total: int):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return PlainProgress(total)
+    return tqdm(total=total, unit="plan")
+
+
+# ---- the table ----
+
+def best_entries(records: list, shapes: list, source: str) -> list:
+    """Per shape: the fastest passing plan per cache format, and the fastest of all as the "auto" entry."""
+    entries = []
+    for shape in shapes:
+        passing = [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+        fastest = {}
+        for record in passing:
+            fmt = record["plan"]["kv_format"]
+            if fmt not in fastest or record["us"] < fastest[fmt]["us"]:
+                fastest[fmt] = record
+        if fastest:
+            fastest["auto"] = min(fastest.values(), key=lambda r: r["us"])
+        for requested, record in fastest.items():
+            entries.append({"batch": shape.batch, "q_len": shape.q_len, "kv_len": shape.kv_len,
+                            "num_heads": shape.num_heads, "kv_format": requested, "plan": record["plan"],
+                            "us": round(record["us"], 2), "strict_error": record["strict_error"],
+                            "source": source})
+    return entries
+
+
+def _entry_key(entry):
+    return (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
+
+
+def merged_table(existing_text, new_entries: list, device_name: str, provenance: dict) -> dict:
+    """The new entries, plus the existing table's entries for keys this run did not measure (their source kept)."""
+    kept = []
+    if existing_text is not None:
+        existing = json.loads(existing_text)
+        new_keys = {_entry_key(e) for e in new_entries}
+        old_source = existing.get("provenance", {}).get("measured_by", "unknown")
+        kept = [{**e, "source": e.get("source", old_source)} for e in existing["entries"]
+                if _entry_key(e) not in new_keys]
+    entries = sorted(new_entries + kept, key=lambda e: (e["num_heads"], e["q_len"], e["batch"], e["kv_len"],
+                                                         e.get("kv_format", "auto")))
+    table = {"device": device_name, "provenance": provenance, "entries": entries}
+    planner.parse_table(json.dumps(table), "the new table")   # refuse to write what the planner cannot load
+    return table
+
+
+def table_text(table: dict) -> str:
+    """JSON with one line per entry, so a re-tuned table reads as a diff of the shapes that changed."""
+    head = json.dumps({"device": table["device"], "provenance": table["provenance"]}, indent=2)[:-2]
+    lines = ",\n".join("    " + json.dumps(entry) for entry in table["entries"])
+    return f"{head},\n  \"entries\": [\n{lines}\n  ]\n}}\n"
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def provenance(device: torch.device, args) -> dict:
+    runtime = (f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}" if torch.version.cuda
+               else "cpu")
+    return {"measured_by": "tools/autotune.py",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "commit": git_commit(), "gpu": gpu_name(device), "torch": f"{torch.__version__} ({runtime})",
+            "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WARMUP_CALLS} warm-up calls; "
+                     f"{'a ' + str(FLUSH_BYTES >> 20) + ' MiB write flushed the caches before each call, ' if device.type == 'cuda' else ''}"
+                     f"timed by {'device events' if device.type == 'cuda' else 'perf_counter'}; only plans whose "
+                     f"output passed the strict check (exact.STRICT_BOUND) were eligible; randn inputs, uniform "
+                     f"lengths, seed {args.seed}"}
+
+
+# ---- main ----
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=list(BENCHMARK_SHAPES), metavar="BATCHxKV",
+                        help="shapes to tune (default: the 8 benchmark shapes)")
+    parser.add_argument("--q-len", type=int, default=1, help="queries per segment (default 1)")
+    parser.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per plan; the median is kept")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device-table", type=Path, default=None,
+                        help="table to write (default: mixed_mla/tables/<this device>.json)")
+    parser.add_argument("--partial", type=Path, default=None,
+                        help="partial-results file (default: .build/autotune/<table name>.partial.jsonl)")
+    parser.add_argument("--restart", action="store_true", help="discard the partial results and measure all")
+    args = parser.parse_args(argv)
+    args.shapes = [parse_shape(text, args.q_len, args.heads) for text in args.shapes]
+    return args
+
+
+def main(argv=None) -> Path:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    arch = planner.device_arch(device)
+    table_path = args.device_table
+    if table_path is None:
+        if arch not in planner.TABLE_FILES:
+            raise SystemExit(f"no planner table belongs to {arch!r} devices: pass --device-table PATH")
+        table_path = planner.TABLE_DIR / planner.TABLE_FILES[arch]
+    partial = PartialResults(args.partial or PARTIAL_DIR / f"{table_path.stem}.partial.jsonl", gpu_name(device),
+                             args.restart)
+    work = [(shape, planner.candidates(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))
+            for shape in args.shapes]
+    bar = progress_bar(sum(len(plans) for _, plans in work))
+    timer = Timer(device)
+    for shape, plans in work:
+        todo = [p for p in plans if not partial.has(shape, p)]
+        if len(todo) < len(plans):
+            bar.update(len(plans) - len(todo))
+        if not todo:
+            continue
+        inputs = make_inputs(shape, device, args.seed)
+        q, caches, qo_indptr, kv_indptr = inputs
+        reference = {fmt: exact.exact_attention(q, caches[fmt], fmt, qo_indptr, kv_indptr, DEFAULT_SM_SCALE)
+                     for fmt in sorted({p.kv_format for p in todo})}
+        for plan in todo:
+            bar.set_description(f"{shape} {plan.backend} {plan.kv_format} s{plan.num_splits} {plan.variant} "
+                                f"p{plan.page_size}")
+            partial.add(measure(plan, shape, inputs, reference, timer, args.repeats))
+            bar.update(1)
+        del inputs, q, caches, reference
+    bar.close()
+    measured = provenance(device, args)
+    entries = best_entries(partial.records, args.shapes,
+                           f"{measured['measured_by']} {measured['date']} {measured['commit']} on {measured['gpu']}")
+    existing = table_path.read_text() if table_path.exists() else None
+    table = merged_table(existing, entries, TABLE_NAMES.get(arch, gpu_name(device)), measured)
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    table_path.write_text(table_text(table))
+    missing = [str(s) for s in args.shapes if not any(e["batch"] == s.batch and e["kv_len"] == s.kv_len
+                                                      for e in entries)]
+    print(f"wrote {table_path}: {len(entries)} entries for {len(args.shapes) - len(missing)} shapes"
+          + (f"; no plan passed for {', '.join(missing)}" if missing else ""))
+    return table_path
+
+
+if __name__ == "__main__":
+    main()
