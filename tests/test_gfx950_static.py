@@ -1,0 +1,73 @@
+"""Static verification of the gfx950 kernels (no AMD GPU here or in CI): they compile device-only for gfx950
+from the text submission.py ships, with zero scratch and spills, each at its occupancy target.
+
+The resource table is printed into the test log. The negative case compiles a kernel that must spill and checks
+that the report catches it.
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from mixed_mla.backends import hip_gfx950
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("gfx950_report", ROOT / "tools/gfx950_report.py")
+gfx950_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gfx950_report)
+
+EXPECTED_KERNELS = {f"stage1_{fmt}_{variant}" for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY}
+EXPECTED_KERNELS.add("merge_splits")
+
+
+@pytest.fixture(scope="module")
+def report():
+    return gfx950_report.build_report()
+
+
+def test_every_kernel_compiles_without_spills_at_its_occupancy_target(report, capsys):
+    reports, errors = report
+    with capsys.disabled():
+        print("\n" + gfx950_report.format_table(reports))
+    assert not errors, errors
+    assert {r.name for r in reports} == EXPECTED_KERNELS
+    for r in reports:
+        assert not r.problems, (r.name, r.problems)
+        assert r.scratch_bytes == 0 and r.vgpr_spills == 0 and r.sgpr_spills == 0
+
+
+def test_stage1_kernels_use_mfma_and_direct_to_lds_loads(report):
+    reports, _ = report
+    for r in reports:
+        if r.name.startswith("stage1_"):
+            # 5 Q.K steps x 2 token blocks (scaled f8f6f4) + 8 P.V column blocks (bf16)
+            assert r.mfma == 18, (r.name, r.mfma)
+            assert r.loads_to_lds >= 1 and r.workgroup_threads == 256 and r.target_wg_per_cu == int(r.name[-1])
+
+
+def test_the_backend_builds_every_file_the_check_compiles():
+    src = gfx950_report.materialize(gfx950_report.KERNEL_DIR)
+    checked = {p.name for p in src.iterdir() if gfx950_report.KERNEL_FILE.match(p.name)}
+    assert checked <= set(hip_gfx950.KERNEL_FILES)
+
+
+SPILLING_KERNEL = """
+extern "C" __attribute__((global, amdgpu_flat_work_group_size(256, 256), amdgpu_waves_per_eu(8)))
+void stage1_probe_occ4(float* out, const float* in) {
+  float v[160];
+  for (int i = 0; i < 160; ++i) v[i] = in[i * 977 + __builtin_amdgcn_workitem_id_x()];
+  float s = 0.0f;
+  for (int i = 0; i < 160; ++i) for (int j = 0; j < 160; ++j) s += v[i] * v[(i * 7 + j) % 160];
+  out[__builtin_amdgcn_workitem_id_x()] = s;
+}
+"""
+
+
+def test_the_check_catches_a_spilling_kernel(tmp_path):
+    probe = tmp_path / "stage1_probe.hip"
+    probe.write_text(SPILLING_KERNEL)
+    kernels, error = gfx950_report.compile_file(probe, tmp_path)
+    assert not error and [k.name for k in kernels] == ["stage1_probe_occ4"]
+    problems = gfx950_report.check(kernels[0])
+    assert any("spills" in p for p in problems), problems
+    assert any("no MFMA" in p for p in problems), problems
