@@ -237,23 +237,33 @@ def test_multi_token_queries_are_causal(fake, q_len):
     assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
 
 
-def test_rows_that_attend_nothing_are_zero(fake):
-    # segment 0 is empty; in segment 1 (3 queries, 2 keys) the first query sees nothing
-    q, kv_cache, _, _ = _tensors(Case((2, 7), q_len=3), "fp8")
-    qo = torch.tensor([0, 3, 6], dtype=torch.int32)
-    kvp = torch.tensor([0, 0, 2], dtype=torch.int32)
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), 3)
-    assert out[:4].abs().max() == 0 and out[4:].abs().max() > 0
+# (qo_indptr, kv_indptr, max_q_len, rows that see nothing): a uniform layout (3 queries per segment; segment 0 has
+# no keys, segment 1 has 2 so its first query sees none) and a variable one (segment 0: 1 query, no key; segment 1:
+# 2 queries, 1 key, so its first query sees none; segment 2: no query).
+BLIND_LAYOUTS = [([0, 3, 6], [0, 0, 2], 3, [0, 1, 2, 3]),
+                 ([0, 1, 3, 3], [0, 0, 1, 5], 2, [0, 1])]
+
+
+def _blind_case(qo, kvp):
+    q, kv_cache, _, _ = _tensors(Case((kvp[-1],), q_len=qo[-1]), "fp8")   # one segment holding every row
+    return q, kv_cache, torch.tensor(qo, dtype=torch.int32), torch.tensor(kvp, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("qo, kvp, max_q_len, blind", BLIND_LAYOUTS)
+def test_rows_that_attend_nothing_are_zero(fake, qo, kvp, max_q_len, blind):
+    q, kv_cache, qo, kvp = _blind_case(qo, kvp)
+    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), max_q_len)
+    seeing = [row for row in range(q.shape[0]) if row not in blind]
+    assert out[blind].abs().max() == 0 and out[seeing].abs().amax(dim=(1, 2)).min() > 0
     assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
 
 
-def test_without_the_zero_fix_those_rows_fail(fake, monkeypatch):
+@pytest.mark.parametrize("qo, kvp, max_q_len, blind", BLIND_LAYOUTS)
+def test_without_the_zero_fix_those_rows_fail(fake, monkeypatch, qo, kvp, max_q_len, blind):
     """Negative case: the fake leaves NaN where aiter leaves rows undefined; the check must reject it."""
-    q, kv_cache, _, _ = _tensors(Case((2, 7), q_len=3), "fp8")
-    qo = torch.tensor([0, 3, 6], dtype=torch.int32)
-    kvp = torch.tensor([0, 0, 2], dtype=torch.int32)
-    monkeypatch.setattr(aiter_mla, "zero_rows_without_keys", lambda out, qo_indptr, kv_indptr: None)
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), 3)
+    q, kv_cache, qo, kvp = _blind_case(qo, kvp)
+    monkeypatch.setattr(aiter_mla, "zero_rows_without_keys", lambda *args: None)
+    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), max_q_len)
     assert _error(out, q, kv_cache, "fp8", qo, kvp) == float("inf")
 
 
