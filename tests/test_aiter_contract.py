@@ -170,3 +170,4 @@ def test_generation_detection():
     assert aiter_mla.api_generation(["seqlens_qo_indptr", "seqlens_kv_indptr"]) is None
     # 2026-03's names in 2025-11's order: neither generation
     assert aiter_mla.api_generation(["kv_last_page_lens", "work_indptr", "work_info_set", "page_size"]) is None
+    assert aiter_mla.api_generation(["kv_last_page_lens", "work_indptr", "page_size"]) is None

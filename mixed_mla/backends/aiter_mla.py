@@ -6,19 +6,23 @@ a page boundary (aiter cannot skip the first rows of a page), i.e. every segment
 multiple of page_size; the last segment's partial page is what kv_last_page_lens describes. A layout that breaks this
 is refused by a device-side assertion (no host sync; the error surfaces at the next synchronisation).
 
-Metadata depends on the indptr CONTENTS and is rebuilt on the device on every call (one `get_mla_metadata_v1`
-launch into per-shape buffers, plus four tiny elementwise launches for page_size > 1). Caching it keyed by the
-indptr tensors' identity and version counters was rejected because it is not provably valid: inference-mode tensors
-(how serving stacks run decode) have no version counter at all, writes through `.data`, DLPack or a custom kernel do
-not bump it, and an id() can be reused after a tensor dies. Rebuilding is valid by construction: it reads the current
-contents, in stream order, before the kernel that consumes them. What is cached is keyed by shapes and dtypes only.
-Cost: the metadata kernel (one workgroup) plus aiter's host-side setup (it queries device properties per call); it
-could not be measured here (no ROCm device); tools/autotune.py on an MI355X times whole calls, metadata included.
+Metadata depends on the indptr CONTENTS and is rebuilt on the device on every call, into buffers cached per shape.
+Caching it keyed by the indptr tensors' identity and version counters was rejected because it is not provably
+valid: inference-mode tensors (how serving stacks run decode) have no version counter at all, writes through `.data`,
+DLPack or a custom kernel do not bump it, and an id() can be reused after a tensor dies. Rebuilding is valid by
+construction: it reads the current contents, in stream order, before the kernel that consumes them.
+
+Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
+queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 4 for the
+alignment assertion), the fp8 Q quantisation (5), the zero-fix below (3 for a uniform layout, else 7). All are small
+kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here
+(no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
 
 Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
 (amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, PROBLEM.md); with a bf16 cache Q
 stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the kernel, since
-aiter does not define them.
+aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel by it, and a
+layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap zero-fix).
 
 Two aiter API generations are supported, detected once from the installed signatures:
   "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
@@ -62,13 +66,13 @@ def supports(kv_format: str, num_heads: int) -> bool:
 def api_generation(metadata_v1_parameters) -> str | None:
     """The API generation from get_mla_metadata_v1's parameter names, in order; None for an unknown one."""
     names = list(metadata_v1_parameters)
-    if "work_indptr" not in names:
-        return None
+
+    def before(first, second):
+        return first in names and second in names and names.index(first) < names.index(second)
+
     if "kv_last_page_lens" in names and "page_size" in names:
-        return API_2026_03 if names.index("work_info_set") < names.index("work_indptr") else None
-    if "work_info" in names and names.index("work_indptr") < names.index("work_info"):
-        return API_2025_11
-    return None
+        return API_2026_03 if before("work_info_set", "work_indptr") else None
+    return API_2025_11 if before("work_indptr", "work_info") else None
 
 
 @dataclass(frozen=True)
