@@ -22,7 +22,8 @@ Recorded (npz, a few KiB), all per row of 576 elements:
                                       its bytes, minus the shift, show the exponent the kernel itself used.
   provenance        str               versions, device, date
 
-Run on a machine with a GPU and Triton (the wheel kept in a git-ignored folder):
+Standalone on purpose (its constants are its own): on the GPU machine it needs only this file, torch, Triton
+and the extracted fp4_utils.py. Run on a machine with a GPU and Triton (the wheel kept in a git-ignored folder):
   python3 tools/make_golden_mxfp4.py --fp4-utils .whl/extracted/aiter/utility/fp4_utils.py \
       --out tests/golden/mxfp4_golden.npz
 """
