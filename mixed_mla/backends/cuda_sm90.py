@@ -1,0 +1,95 @@
+"""Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), JIT-built with torch's load_inline.
+
+One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped),
+so any layout is handled and a plan fixes only the launch geometry: `num_splits` KV splits per query row, merged
+by a second kernel when > 1 (Plan.variant is unused). One C++ call per forward (binding.cpp), on the current
+stream, with no sync and no allocation after the first call of a shape (the split workspace is cached per
+(device, rows, heads, splits) and reused; outputs never are).
+
+Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16. The
+arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
+fp8 runs f16 products with Q scaled per head by a power of two, so no input is rounded beyond f16/bf16.
+
+The build happens in `available` (the first plan on a device), outside any timed call. The .cu files carry no
+torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
+"""
+import functools
+
+import torch
+
+from ..constants import HEAD_GROUP, V_HEAD_DIM
+from ..kernels import materialize, read
+
+KERNEL_DIR = "sm90/decode"
+ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
+MAX_SPLITS = 64                                     # config.h kMaxSplits
+# Split partials are fp32 (512 per row, head and split) plus one LSE: cap them at 64 MiB. Correctness does not
+# depend on the split count, so a plan asking for more is served with fewer.
+WORKSPACE_BYTES = 64 << 20
+_PARTIAL_BYTES = (V_HEAD_DIM + 1) * 4
+
+_workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_lse)
+
+
+def supports(kv_format, num_heads):
+    return kv_format in FORMAT_CODES and num_heads % HEAD_GROUP == 0
+
+
+def available(device):
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is not None or not torch.cuda.is_available():
+        return "cuda_sm90 needs a CUDA build of torch and an NVIDIA GPU"
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        return f"cuda_sm90 is built for sm_90a (H100/H200); this device is sm_{capability[0]}{capability[1]}"
+    try:
+        _module()
+    except Exception as error:  # a failed JIT build is a reason to fall back, with the compiler's message
+        return f"cuda_sm90 failed to build: {type(error).__name__}: {error}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _module():
+    from torch.utils.cpp_extension import load_inline
+    include_dir = materialize(KERNEL_DIR)   # named by the sources' content hash: a changed kernel rebuilds
+    return load_inline(
+        name=f"mixed_mla_sm90_{include_dir.name.rsplit('-', 1)[-1]}",
+        cpp_sources=[read(f"{KERNEL_DIR}/binding.cpp")],
+        cuda_sources=[read(f"{KERNEL_DIR}/decode.cu")],
+        functions=["forward"],
+        extra_include_paths=[str(include_dir)],
+        extra_cuda_cflags=ARCH_FLAGS + ["-O3", "-std=c++17"],
+        no_implicit_headers=True,
+    )
+
+
+def splits_for(requested: int, total_q: int, num_heads: int) -> int:
+    """The split count actually launched: the plan's, within 1..MAX_SPLITS and the workspace cap."""
+    by_workspace = WORKSPACE_BYTES // max(1, total_q * num_heads * _PARTIAL_BYTES)
+    return max(1, min(int(requested), MAX_SPLITS, by_workspace))
+
+
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
+    kernel strides over their rows), so a wrong hint costs time, never correctness."""
+    code = FORMAT_CODES[kv_format]
+    kv, aux = (kv_cache, kv_cache) if code == 0 else kv_cache
+    total_q, num_heads = q.shape[0], q.shape[1]
+    splits = splits_for(plan.num_splits, total_q, num_heads)
+    partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
+    _module().forward(q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code, splits,
+                      max(1, int(max_q_len or 1)), float(sm_scale))
+
+
+def _workspace(device, total_q, num_heads, splits):
+    """fp32 split partials and LSEs for this shape, allocated once and reused (never returned to callers)."""
+    key = (device, total_q, num_heads, splits)
+    buffers = _workspaces.get(key)
+    if buffers is None:
+        rows = total_q * num_heads * splits if splits > 1 else 0
+        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.float32, device=device),
+                   torch.empty(rows, dtype=torch.float32, device=device))
+        _workspaces[key] = buffers
+    return buffers

@@ -1,0 +1,68 @@
+// torch binding of the sm_90a decode: fills DecodeParams from the tensors and launches on the current stream.
+// One call per forward, no allocation: the backend passes the cached split workspace. The checks here cost no
+// device sync; the Python side has already validated shapes and dtypes (mixed_mla.validate).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "launch.h"
+
+namespace {
+
+const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
+
+}  // namespace
+
+// kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
+// 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
+// fp32 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1.
+void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
+             const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
+             const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,
+             int64_t num_splits, int64_t max_q_len, double sm_scale) {
+  TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
+              "q must be (total_q, H, 576) bf16 with a contiguous last dim");
+  TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
+              out.size(2) == 512 && out.stride(2) == 1, "out must be (total_q, H, 512) bf16");
+  const int64_t row_bytes = kv_format == 2 ? 288 : kv_format == 1 ? 576 : 1152;
+  TORCH_CHECK(kv.dim() == 3 && kv.size(1) == 1 && kv.size(2) * kv.element_size() == row_bytes &&
+              kv.stride(2) == 1 && (kv.stride(0) * kv.element_size()) % 16 == 0 &&
+              reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0, "kv rows must be 16-byte aligned");
+  if (kv_format == 1) {
+    TORCH_CHECK(kv_aux.scalar_type() == at::kFloat && kv_aux.numel() == 1, "fp8 scale must be float32 (1,)");
+  } else if (kv_format == 2) {
+    TORCH_CHECK(kv_aux.element_size() == 1 && kv_aux.dim() == 2 && kv_aux.size(0) >= kv.size(0) &&
+                kv_aux.size(1) == 24 && kv_aux.is_contiguous(), "mxfp4 scales must be contiguous bytes (>= N, 24)");
+  }
+  TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
+              qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "indptr must be int32 (batch + 1,)");
+  if (num_splits > 1) {
+    TORCH_CHECK(partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512 &&
+                partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "split workspace too small");
+  }
+
+  mla_sm90::DecodeParams p{};
+  p.q = static_cast<const uint16_t*>(q.data_ptr());
+  p.kv = bytes_of(kv);
+  p.kv_block_scales = kv_format == 2 ? bytes_of(kv_aux) : nullptr;
+  p.kv_scale = kv_format == 1 ? kv_aux.data_ptr<float>() : nullptr;
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.out = static_cast<uint16_t*>(out.data_ptr());
+  p.partial_out = num_splits > 1 ? partial_out.data_ptr<float>() : nullptr;
+  p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.q_row_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.out_row_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  p.kv_row_stride = kv.stride(0) * kv.element_size();
+  p.total_q = static_cast<int>(q.size(0));
+  p.num_heads = static_cast<int>(q.size(1));
+  p.batch = static_cast<int>(qo_indptr.numel() - 1);
+  p.num_kv_rows = static_cast<int>(kv.size(0));
+  p.num_splits = static_cast<int>(num_splits);
+  p.max_q_len = static_cast<int>(max_q_len);
+  p.sm_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "cuda_sm90 decode launch failed with cudaError ", err);
+}

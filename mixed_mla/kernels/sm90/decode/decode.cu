@@ -1,0 +1,52 @@
+// Instantiates the sm_90a decode kernels and launches them. No torch header: this file builds with nvcc alone.
+#include <cuda_runtime.h>
+
+#include "config.h"
+#include "decode_split.cuh"
+#include "launch.h"
+#include "merge_splits.cuh"
+
+namespace mla_sm90 {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+template <int kFormat>
+cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
+  constexpr int kSmem = split_smem_bytes<kFormat>();
+  // The >48 KB dynamic shared memory opt-in is per device; set it once for each.
+  static bool configured[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && !configured[device]) {
+    err = cudaFuncSetAttribute(decode_split_kernel<kFormat>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    configured[device] = true;
+  }
+  const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
+  decode_split_kernel<kFormat><<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace mla_sm90
+
+extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, void* stream_handle) {
+  using namespace mla_sm90;
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
+  if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
+  if (p->num_heads % kHeadGroup != 0 || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
+      p->batch > 65535 || (int64_t)p->max_q_len * (p->num_heads / kHeadGroup) > 65535)
+    return cudaErrorInvalidValue;
+  cudaError_t err;
+  switch (kv_format) {
+    case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
+    case kFormatFp8: err = launch_split<kFormatFp8>(*p, stream); break;
+    case kFormatMxfp4: err = launch_split<kFormatMxfp4>(*p, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess || p->num_splits == 1) return err;
+  merge_splits_kernel<<<(unsigned)((int64_t)p->total_q * p->num_heads), kMergeThreads, 0, stream>>>(*p);
+  return cudaGetLastError();
+}

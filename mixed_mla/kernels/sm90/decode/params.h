@@ -1,0 +1,24 @@
+// The one parameter block of the sm_90a decode: every pointer, stride and size the kernels read.
+#pragma once
+#include <stdint.h>
+
+namespace mla_sm90 {
+
+struct DecodeParams {
+  const uint16_t* q;              // bf16 (total_q, H, 576), last dim contiguous
+  const uint8_t* kv;              // rows of bf16 (1152 B) | e4m3 (576 B) | packed e2m1 (288 B)
+  const uint8_t* kv_block_scales; // mxfp4: e8m0 (>= num_kv_rows, 24); else null
+  const float* kv_scale;          // fp8: per-tensor scale (1,) on the device; else null
+  const int32_t* qo_indptr;       // (batch + 1,) read on the device and clamped
+  const int32_t* kv_indptr;
+  uint16_t* out;                  // bf16 (total_q, H, 512), last dim contiguous
+  float* partial_out;             // (total_q, H, num_splits, 512) fp32, used when num_splits > 1
+  float* partial_lse;             // (total_q, H, num_splits) log2-domain LSE, used when num_splits > 1
+  int64_t q_row_stride, q_head_stride;       // elements
+  int64_t out_row_stride, out_head_stride;   // elements
+  int64_t kv_row_stride;                     // bytes, multiple of 16
+  int total_q, num_heads, batch, num_kv_rows, num_splits, max_q_len;
+  float sm_scale_log2;            // sm_scale * log2(e): scores go straight into exp2
+};
+
+}  // namespace mla_sm90

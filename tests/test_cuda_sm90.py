@@ -1,0 +1,113 @@
+"""The cuda_sm90 backend on a Hopper GPU against exact float64 attention (skipped without one).
+
+The bound here is tighter than exact.STRICT_BOUND: the kernels round nothing beyond f16/bf16 (Q is scaled into
+f16 exactly, fp8 and mxfp4 values are exact in f16/bf16), so they land near 2e-3 whatever the split count; 1e-2
+catches a wrong tile, split or mask long before the strict bound would. Layouts cover varlen, empty segments,
+lengths 1, q_len 1-4 (causal MTP), every head count and split counts that do and do not divide the tiles.
+"""
+import itertools
+
+import pytest
+import torch
+
+from mixed_mla import exact, formats
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS
+from mixed_mla.planner import Plan
+
+TIGHT_BOUND = 1e-2
+
+cuda_sm90 = pytest.importorskip("mixed_mla.backends.cuda_sm90")
+if not torch.cuda.is_available() or cuda_sm90.available(torch.device("cuda")) is not None:
+    pytest.skip("needs an sm_90 GPU with the cuda_sm90 backend built", allow_module_level=True)
+
+LAYOUTS = [  # (q_lens, kv_lens, num_heads)
+    ([1], [1], 16),
+    ([1, 1, 1], [5, 0, 33], 16),
+    ([4], [4], 16),
+    ([4], [2], 32),                       # q_len > kv_len: the first rows see nothing and must be zeros
+    ([2, 3, 1, 4], [700, 64, 1, 3000], 16),
+    ([1] * 4, [1024] * 4, 64),
+    ([3, 0, 2], [100, 50, 1], 128),
+    ([1] * 6, [31, 32, 33, 63, 64, 65], 16),
+]
+
+
+def _indptr(lengths):
+    return torch.tensor(list(itertools.accumulate(lengths, initial=0)), dtype=torch.int32, device="cuda")
+
+
+def _case(q_lens, kv_lens, num_heads, seed, q_scale=1.0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = (torch.randn(sum(q_lens), num_heads, 576, device="cuda", generator=gen) * q_scale).to(torch.bfloat16)
+    kv = torch.randn(sum(kv_lens), 1, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    return q, kv, _indptr(q_lens), _indptr(kv_lens)
+
+
+def _cache(kv, kv_format):
+    return {"bf16": lambda: kv, "fp8": lambda: formats.quantize_fp8(kv), "mxfp4": lambda: formats.quantize_mxfp4(kv)}[
+        kv_format]()
+
+
+def _run(q, cache, kv_format, qo, kvi, splits, max_q_len):
+    out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits)
+    cuda_sm90.run(q, cache, kv_format, qo, kvi, out, plan, DEFAULT_SM_SCALE, max_q_len)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[f"L{i}" for i in range(len(LAYOUTS))])
+def test_matches_exact_attention(layout, splits, kv_format):
+    q_lens, kv_lens, num_heads = layout
+    q, kv, qo, kvi = _case(q_lens, kv_lens, num_heads, seed=len(q_lens) * 31 + splits)
+    cache = _cache(kv, kv_format)
+    out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens))
+    err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, splits {splits}, {kv_format}"
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_a_wrong_answer_fails_the_bound(kv_format):
+    """Negative case: the output for other queries (same cache) is far outside the bound."""
+    q, kv, qo, kvi = _case([1, 2], [300, 900], 16, seed=3)
+    cache = _cache(kv, kv_format)
+    out = _run(q.roll(1, dims=0), cache, kv_format, qo, kvi, 2, 2)
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) > 0.3
+
+
+@pytest.mark.parametrize("q_scale", [1e-3, 1e2, 1e4])
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_large_and_small_queries_stay_accurate(kv_format, q_scale):
+    q, kv, qo, kvi = _case([1, 2], [300, 2000], 16, seed=5, q_scale=q_scale)
+    cache = _cache(kv, kv_format)
+    out = _run(q, cache, kv_format, qo, kvi, 4, 2)
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
+
+
+def test_a_short_max_q_len_hint_is_still_correct():
+    q, kv, qo, kvi = _case([4, 3], [50, 700], 32, seed=9)
+    out = _run(q, kv, "bf16", qo, kvi, 2, 1)
+    assert exact.strict_error(out, q, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
+
+
+def test_garbage_indptr_reads_nothing_out_of_bounds():
+    """Any int32 contents are clamped on the device: the launch completes (compute-sanitizer checks the reads)."""
+    q, kv, _, _ = _case([1] * 8, [100] * 8, 16, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(4):
+        qo = torch.randint(-50, 60, (9,), generator=gen, dtype=torch.int32).cuda()
+        kvi = torch.randint(-2000, 3000, (9,), generator=gen, dtype=torch.int32).cuda()
+        for kv_format in KV_FORMATS:
+            _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1 + trial % 3, 2)
+
+
+def test_outputs_are_not_reused_between_calls():
+    q1, kv, qo, kvi = _case([1, 1], [500, 600], 16, seed=11)
+    q2 = torch.randn_like(q1, dtype=torch.float32).to(torch.bfloat16)
+    out1 = _run(q1, kv, "bf16", qo, kvi, 4, 1)
+    out2 = _run(q2, kv, "bf16", qo, kvi, 4, 1)
+    assert out1.data_ptr() != out2.data_ptr()
+    assert exact.strict_error(out1, q1, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
+    assert exact.strict_error(out2, q2, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND

@@ -1,0 +1,47 @@
+"""The sm_90a kernels compile for Hopper without local memory and reach 2 CTAs per SM (tools/sm90_report.py).
+
+Runs in CI on the CPU machine (nvcc only, no GPU); skipped where nvcc is absent. The negative cases feed the
+parser ptxas lines with a spill and with too many registers, so the check is shown able to fail.
+"""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import sm90_report  # noqa: E402
+
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+_LOG = """ptxas info    : Compiling entry function '_ZN8mla_sm9019decode_split_kernelILi1EEEvNS_12DecodeParamsE' for 'sm_90a'
+ptxas info    : Function properties for _ZN8mla_sm9019decode_split_kernelILi1EEEvNS_12DecodeParamsE
+    {stack} bytes stack frame, {spill} bytes spill stores, {spill} bytes spill loads
+ptxas info    : Used {regs} registers, used 1 barriers
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm():
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "sm90_report.py")], capture_output=True, text=True)
+    print(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for fmt in ("bf16", "fp8", "mxfp4"):
+        assert f"decode_split_kernel<{fmt}>" in result.stdout
+    assert "merge_splits_kernel" in result.stdout
+
+
+def test_a_spill_is_a_problem():
+    reports = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=8, regs=200)), [0, 80000, 0])
+    assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].spill_stores == 8
+    assert any("local memory" in p for p in reports[0].problems)
+
+
+def test_registers_that_break_occupancy_are_a_problem():
+    ok = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=255)), [0, 80000, 0])
+    assert ok[0].ctas_per_sm == 2 and not ok[0].problems
+    # 2 CTAs x 128 threads x 256 registers fill the 64K register file; a larger smem footprint halves it.
+    big = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=200)), [0, 150000, 0])
+    assert big[0].ctas_per_sm == 1 and big[0].problems

@@ -1,0 +1,139 @@
+"""Static verification of the sm_90a (Hopper) kernels: compile, read registers / shared memory / spills.
+
+Every kernel of mixed_mla/kernels/sm90/decode/ is compiled for sm_90a with nvcc (the very text submission.py
+ships, through mixed_mla.kernels.materialize), with ptxas' resource report. For each kernel: registers, static
+shared memory, stack frame and spill bytes; for the split kernels also the dynamic shared memory they launch with
+(config.h arithmetic, printed by a tiny host program built from the same headers) and the CTAs per SM that the
+registers and shared memory allow. The check fails on any stack frame or spill (local memory in the hot loop),
+or when a split kernel falls below its target of 2 CTAs per SM.
+
+Usage: python tools/sm90_report.py [--json]   (exit status 1 when a check fails; 2 when nvcc is missing)
+"""
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mixed_mla.kernels import materialize  # noqa: E402
+
+KERNEL_DIR = "sm90/decode"
+NVCC_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v"]
+REGISTERS_PER_SM = 65536
+SMEM_PER_SM = 228 * 1024            # H100/H200: 228 KB per SM, of which 1 KB per CTA is reserved by the system
+SMEM_RESERVED_PER_CTA = 1024
+TARGET_CTAS_PER_SM = 2
+THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
+FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
+
+ENTRY = re.compile(r"Compiling entry function '(\w+)'")
+PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+
+SMEM_PROBE = """
+#include <cstdio>
+#include "decode_split.cuh"
+int main() {
+  std::printf("%d %d %d\\n", mla_sm90::split_smem_bytes<0>(), mla_sm90::split_smem_bytes<1>(),
+              mla_sm90::split_smem_bytes<2>());
+}
+"""
+
+
+@dataclass
+class KernelReport:
+    name: str
+    registers: int = 0
+    static_smem: int = 0
+    dynamic_smem: int = 0
+    stack_frame: int = 0
+    spill_stores: int = 0
+    spill_loads: int = 0
+    ctas_per_sm: int = 0
+    problems: tuple = ()
+
+
+def demangle_name(mangled: str) -> str:
+    base = "decode_split_kernel" if "decode_split_kernel" in mangled else "merge_splits_kernel"
+    fmt = re.search(r"ILi(\d)E", mangled)
+    return f"{base}<{FORMAT_NAMES[int(fmt.group(1))]}>" if fmt else base
+
+
+def compile_report(nvcc: str, source_dir: Path) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        result = subprocess.run([nvcc, *NVCC_FLAGS, "-c", str(source_dir / "decode.cu"), "-o", f"{tmp}/decode.o"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"nvcc failed:\n{result.stderr}")
+        probe = Path(tmp) / "smem_probe.cu"
+        probe.write_text(SMEM_PROBE)
+        built = subprocess.run([nvcc, "-std=c++17", "-I", str(source_dir), str(probe), "-o", f"{tmp}/probe"],
+                               capture_output=True, text=True)
+        if built.returncode != 0:
+            raise RuntimeError(f"nvcc failed on the shared-memory probe:\n{built.stderr}")
+        dynamic = [int(v) for v in subprocess.run([f"{tmp}/probe"], capture_output=True, text=True,
+                                                  check=True).stdout.split()]
+    return assess(parse_ptxas(result.stderr), dynamic)
+
+
+def parse_ptxas(log: str) -> list:
+    """One KernelReport per entry function of a `ptxas -v` log (registers, static smem, stack, spills)."""
+    reports, current = [], None
+    for line in log.splitlines():
+        if (m := ENTRY.search(line)):
+            current = KernelReport(demangle_name(m.group(1)))
+            reports.append(current)
+        elif current and (m := PROPS.search(line)):
+            current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
+        elif current and (m := USED.search(line)):
+            current.registers = int(m.group(1))
+            current.static_smem = int(m.group(2) or 0)
+    return reports
+
+
+def assess(reports: list, dynamic_smem: list) -> list:
+    """Fills dynamic smem (per format, from the probe) and CTAs per SM, and lists each kernel's problems."""
+    dynamic = dynamic_smem
+    for r in reports:
+        fmt = re.search(r"<(\w+)>", r.name)
+        if fmt:
+            r.dynamic_smem = dynamic[{v: k for k, v in FORMAT_NAMES.items()}[fmt.group(1)]]
+        threads = THREADS[r.name.split("<")[0]]
+        by_regs = REGISTERS_PER_SM // max(1, r.registers * threads)
+        smem = r.static_smem + r.dynamic_smem + SMEM_RESERVED_PER_CTA
+        r.ctas_per_sm = min(by_regs, SMEM_PER_SM // smem)
+        problems = []
+        if r.stack_frame or r.spill_stores or r.spill_loads:
+            problems.append("local memory (stack frame or spills)")
+        if fmt and r.ctas_per_sm < TARGET_CTAS_PER_SM:
+            problems.append(f"{r.ctas_per_sm} CTAs per SM < target {TARGET_CTAS_PER_SM}")
+        r.problems = tuple(problems)
+    return reports
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        print("nvcc not found", file=sys.stderr)
+        return 2
+    reports = compile_report(nvcc, materialize(KERNEL_DIR))
+    if args.json:
+        print(json.dumps([asdict(r) for r in reports], indent=1))
+    else:
+        print(f"{'kernel':30s} {'regs':>5s} {'smem':>7s} {'stack':>6s} {'spills':>7s} {'CTA/SM':>7s}  problems")
+        for r in reports:
+            print(f"{r.name:30s} {r.registers:5d} {r.static_smem + r.dynamic_smem:7d} {r.stack_frame:6d} "
+                  f"{r.spill_stores + r.spill_loads:7d} {r.ctas_per_sm:7d}  {'; '.join(r.problems) or 'ok'}")
+    return 1 if not reports or any(r.problems for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
