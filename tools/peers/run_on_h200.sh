@@ -2,7 +2,7 @@
 # One H200 run: install the staged FlashInfer (stage_flashinfer.sh, carried as .whl/flashinfer), run the
 # autotuner when tools/autotune.py exists (it writes mixed_mla/tables/h200.json, which the bench's plans then
 # use), then the benchmark. Arguments go to tools/bench.py; AUTOTUNE_ARGS to the autotuner, bounded by
-# AUTOTUNE_TIMEOUT seconds. Outputs (table.md, results.json, env.json, sweep.png, logs, h200.json) go to $OUT.
+# AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs, h200.json) go to $OUT.
 #   OUT=bench/results/h200 BENCH_COMMIT=$(git rev-parse --short HEAD) bash tools/peers/run_on_h200.sh
 set -uo pipefail
 OUT=${OUT:-bench/results/h200}
@@ -21,7 +21,7 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
     > "$OUT/nvidia-smi.txt" 2>&1
 
-if [ -f tools/autotune.py ]; then
+if [ "${AUTOTUNE:-1}" = 1 ] && [ -f tools/autotune.py ]; then
     timeout "${AUTOTUNE_TIMEOUT:-150}" python3 tools/autotune.py ${AUTOTUNE_ARGS:-} 2>&1 | tee "$OUT/autotune.log"
     cp mixed_mla/tables/h200.json "$OUT/" 2>/dev/null || echo "autotune wrote no mixed_mla/tables/h200.json"
 fi
