@@ -267,6 +267,18 @@ def test_without_the_zero_fix_those_rows_fail(fake, monkeypatch, qo, kvp, max_q_
     assert _error(out, q, kv_cache, "fp8", qo, kvp) == float("inf")
 
 
+@pytest.mark.parametrize("num_q, num_kv", [(0, 16), (2, 0)])
+def test_no_queries_or_no_keys_is_not_a_launch(fake, num_q, num_kv):
+    q = torch.randn(num_q, 16, 576).to(torch.bfloat16)
+    kv_cache = formats.quantize_fp8(torch.randn(max(num_kv, 1), 1, 576).to(torch.bfloat16))
+    kv_cache = (kv_cache[0][:num_kv], kv_cache[1])
+    qo = torch.tensor([0, num_q], dtype=torch.int32)
+    kvp = torch.tensor([0, num_kv], dtype=torch.int32)
+    out = torch.full((num_q, 16, 512), float("nan"), dtype=torch.bfloat16)
+    aiter_mla.run(q, kv_cache, "fp8", qo, kvp, out, _plan(page_size=8), SM_SCALE, 1)
+    assert not fake.decode_calls and (num_q == 0 or out.abs().max() == 0)
+
+
 # ---- refusals ----
 
 def test_a_segment_starting_mid_page_is_refused(fake):
@@ -369,3 +381,36 @@ def test_the_mi355x_table_routes_every_benchmark_shape_to_runnable_plans():
             aiter_mla._check_plan(plan, plan.page_size, 16, 1, batch * kv_len)
     provenance = __import__("json").loads(text)["provenance"]
     assert "not measured by this project" in provenance["measured_by"]
+
+
+# ---- the real aiter, where there is one (an MI355X / ROCm machine); skipped elsewhere ----
+
+def _real_aiter_device():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a ROCm GPU with aiter")
+    reason = aiter_mla.available("cuda")
+    if reason is not None:
+        pytest.skip(reason)
+    return torch.device("cuda")
+
+
+REAL_LAYOUTS = [Case((1024,) * 4), Case((64, 8192, 8, 512, 1000)), Case((16, 0, 2048, 40), cache_rows=2112),
+                Case((37, 5, 300), q_len=2), Case((3, 70, 1025), q_len=4)]
+
+
+@pytest.mark.parametrize("case", REAL_LAYOUTS, ids=lambda c: f"{len(c.kv_lens)}seg-q{c.q_len}")
+@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 2, 8])
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_real_aiter_is_accurate_on_every_layout(case, kv_format, page_size, variant):
+    device = _real_aiter_device()
+    if page_size > 1 and (case.q_len > 1 or any(n % page_size for n in case.kv_lens[:-1])
+                          or (case.cache_rows or sum(case.kv_lens)) % page_size):
+        pytest.skip("refused by design for this page size (see the refusal tests)")
+    q, kv_cache, qo, kvp = _tensors(case, kv_format)
+    move = (lambda t: t.to(device))
+    q, qo, kvp = move(q), move(qo), move(kvp)
+    kv_cache = tuple(map(move, kv_cache)) if kv_format == "fp8" else move(kv_cache)
+    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=device)
+    aiter_mla.run(q, kv_cache, kv_format, qo, kvp, out, _plan(kv_format, page_size, variant, 8), SM_SCALE, case.q_len)
+    assert _error(out, q, kv_cache, kv_format, qo, kvp) < exact.STRICT_BOUND[kv_format]

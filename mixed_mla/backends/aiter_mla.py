@@ -322,6 +322,9 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         _warn_no_paging(page_size)
         page_size = 1
     _check_plan(plan, page_size, num_heads, max_q_len, kv.shape[0])
+    if q.shape[0] == 0 or kv.shape[0] == 0:   # no query, or no key for any query: aiter has nothing to do
+        out.zero_()
+        return
     batch = qo_indptr.shape[0] - 1
     fast = plan.variant == FAST_VARIANT
     # max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means
