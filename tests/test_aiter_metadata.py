@@ -394,8 +394,9 @@ def _real_aiter_device():
     return torch.device("cuda")
 
 
-REAL_LAYOUTS = [Case((1024,) * 4), Case((64, 8192, 8, 512, 1000)), Case((16, 0, 2048, 40), cache_rows=2112),
-                Case((37, 5, 300), q_len=2), Case((3, 70, 1025), q_len=4)]
+# uniform; variable with a last page partly filled (1001, 37 rows) and an empty segment; MTP with short segments
+REAL_LAYOUTS = [Case((1024,) * 4), Case((64, 8192, 8, 512, 1001), cache_rows=9784),
+                Case((16, 0, 2048, 37), cache_rows=2112), Case((37, 5, 300), q_len=2), Case((3, 70, 1025), q_len=4)]
 
 
 @pytest.mark.parametrize("case", REAL_LAYOUTS, ids=lambda c: f"{len(c.kv_lens)}seg-q{c.q_len}")
