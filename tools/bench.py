@@ -75,7 +75,8 @@ def implementations(our_backends) -> list:
                 lambda sets, f=kv_format, b=backend: mixed_mla_api.prepare(sets, f, b),
                 # The torch backend is the reference path (seconds per sweep point at large shapes): 8 shapes only.
                 in_sweep=backend != "torch"))
-    for peer in (flashinfer_mla, torch_plain):
+    # FlashInfer last: a fault in a peer's kernel would poison the CUDA context for whatever runs after it.
+    for peer in (torch_plain, flashinfer_mla):
         for kv_format in KV_FORMATS:
             found.append(Implementation(
                 peer.NAME, kv_format, False,
