@@ -225,6 +225,7 @@ def run(args, extra_implementations=()) -> dict:
     bytes_per_s = floor.measure_copy_bandwidth(device)
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
     env = environment(device, bytes_per_s)
+    (out_dir / "env.json").write_text(json.dumps(env, indent=1) + "\n")
     print(f"device {env['gpu']}, copy bandwidth {bytes_per_s / 1e12:.2f} TB/s, commit {env['commit']}", flush=True)
     impls = implementations(parse_backends(args.backends)) + list(extra_implementations)
     sweep, skipped = sweep_shapes(parse_ints(args.sweep_batches), parse_ints(args.sweep_kv), args.sweep_max_rows)
@@ -233,14 +234,15 @@ def run(args, extra_implementations=()) -> dict:
                             "max_input_sets": MAX_INPUT_SETS, "seed": args.seed}}
     jobs = [(shape, "benchmark", impls) for shape in parse_shapes(args.shapes)]
     jobs += [(shape, "sweep", [i for i in impls if i.in_sweep]) for shape in sweep]
+    table = ""
     for shape, group, group_impls in jobs:
         print(f"{group} {shape.label} (q_len {shape.q_len}, {shape.num_heads} heads)", flush=True)
         results["records"] += bench_shape(shape, group, group_impls, timer, device, bytes_per_s, args.seed,
                                           l2_bytes, check=group == "benchmark")
-        (out_dir / "results.json").write_text(json.dumps(results, indent=1))  # partial results survive a crash
-    (out_dir / "env.json").write_text(json.dumps(env, indent=1) + "\n")
-    table = report.markdown(results)
-    (out_dir / "table.md").write_text(table)
+        # Written after every shape, so a run cut short (a crash, the call's time limit) still leaves its tables.
+        (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+        table = report.markdown(results)
+        (out_dir / "table.md").write_text(table)
     if any(r["group"] == "sweep" and r["status"] == "ok" for r in results["records"]):
         report.plot(results, out_dir / "sweep.png")
     print(table)

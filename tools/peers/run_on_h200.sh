@@ -24,5 +24,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,
 if [ "${AUTOTUNE:-1}" = 1 ] && [ -f tools/autotune.py ]; then
     timeout "${AUTOTUNE_TIMEOUT:-150}" python3 tools/autotune.py ${AUTOTUNE_ARGS:-} 2>&1 | tee "$OUT/autotune.log"
     cp mixed_mla/tables/h200.json "$OUT/" 2>/dev/null || echo "autotune wrote no mixed_mla/tables/h200.json"
+    # An autotuner stopped by the timeout inside torch's extension build leaves the build's lock file behind,
+    # and the bench's build would wait on it forever.
+    find ~/.cache/torch_extensions -name lock -delete 2>/dev/null
 fi
 python3 tools/bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
