@@ -29,8 +29,9 @@ def unavailable_reason(device, kv_format):
     device = torch.device(device)
     if device.type != "cuda" or torch.version.cuda is None:
         return "FlashInfer runs on NVIDIA GPUs only"
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        return f"the {BACKEND} backend needs sm_90 (Hopper); this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        return f"the {BACKEND} backend needs sm_90 (Hopper); this GPU is sm_{major}{minor}"
     try:
         import flashinfer.mla  # noqa: F401
     except Exception as error:

@@ -1,4 +1,5 @@
-"""Our decode through the public API, as a user calls it: `mixed_mla.api.plan(...)` once per layout, `.run(...)` per step.
+"""Our decode through the public API, as a user calls it: `mixed_mla.api.plan(...)` once per layout, then
+`.run(...)` per step.
 
 The backend is forced (plan(..., backend=name)) so that each row of the table is the path it names, never a
 silent fallback to another backend.

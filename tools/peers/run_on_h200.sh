@@ -2,7 +2,8 @@
 # One H200 run: install the staged FlashInfer (stage_flashinfer.sh, carried as .whl/flashinfer), run the
 # autotuner when tools/autotune.py exists (it writes mixed_mla/tables/h200.json, which the bench's plans then
 # use), then the benchmark. Arguments go to tools/bench.py; AUTOTUNE_ARGS to the autotuner, bounded by
-# AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs, h200.json) go to $OUT.
+# AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs,
+# h200.json) go to $OUT.
 #   OUT=bench/results/h200 BENCH_COMMIT=$(git rev-parse --short HEAD) bash tools/peers/run_on_h200.sh
 set -uo pipefail
 OUT=${OUT:-bench/results/h200}
