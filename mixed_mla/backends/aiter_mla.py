@@ -13,8 +13,8 @@ DLPack or a custom kernel do not bump it, and an id() can be reused after a tens
 construction: it reads the current contents, in stream order, before the kernel that consumes them.
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
-queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 4 for the
-alignment assertion), the fp8 Q quantisation (5), the zero-fix below (3 for a uniform layout, else 7). All are small
+queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
+alignment assertion), the fp8 Q quantisation (4), the zero-fix below (3 for a uniform layout, else 7). All are small
 kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here
 (no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
 
@@ -223,6 +223,11 @@ def _countdown(device, n):
     return torch.arange(n, 0, -1, dtype=torch.int32, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def _tiny(device):
+    return torch.full((1,), torch.finfo(torch.float32).tiny, dtype=torch.float32, device=device)
+
+
 @functools.lru_cache(maxsize=64)
 def _ones(device, n):
     return torch.ones(n, dtype=torch.int32, device=device)
@@ -239,25 +244,27 @@ def _stream_id(device) -> int:
 def page_tables(kv_indptr: torch.Tensor, page_size: int):
     """(kv_indptr in pages, kv_last_page_lens) for identity pages, computed on the device without a sync.
 
-    Pages of segment b: [ceil(start_b / P), ceil(end_b / P)); valid only when every start is a multiple of P, which
-    is asserted on the device (raises at once on CPU, at the next synchronisation on a GPU).
+    Pages of segment b: [ceil(start_b / P), ceil(end_b / P)); its last page holds end_b - P * (pages_end_b - 1) rows,
+    which is P exactly when end_b -- the next segment's start -- is a multiple of P. So "every segment but the last
+    starts on a page boundary" reads: every last_page_lens but the last is P. Asserted on the device (raises at once
+    on CPU, at the next synchronisation on a GPU). Seven launches.
     """
     if page_size == 1:
         return kv_indptr, _ones(kv_indptr.device, kv_indptr.shape[0] - 1)
     page_indptr = torch.div(kv_indptr + (page_size - 1), page_size, rounding_mode="floor")
-    torch._assert_async(torch.all(page_indptr[:-1] * page_size == kv_indptr[:-1]),
+    last_page_lens = torch.add(kv_indptr[1:], page_indptr[1:], alpha=-page_size).add_(page_size)
+    torch._assert_async(torch.all(last_page_lens[:-1] == page_size),
                         f"aiter route with page_size {page_size}: every KV segment but the last must have a length "
                         f"that is a multiple of {page_size} (identity page tables over a contiguous cache)")
-    # rows of the last page: end - (pages_end - 1) * P  (P for an empty segment; aiter then reads no page)
-    last_page_lens = torch.add(kv_indptr[1:], page_indptr[1:], alpha=-page_size).add_(page_size)
     return page_indptr, last_page_lens
 
 
 def quantize_q_per_tensor(q: torch.Tensor, fp8_dtype: torch.dtype):
-    """(q in fp8_dtype, scale (1,) float32) with scale = amax|q| / fp8 max, all on the device (five launches)."""
+    """(q in fp8_dtype, scale (1,) float32) with scale = amax|q| / fp8 max, all on the device (four launches)."""
     fp8_max = torch.finfo(fp8_dtype).max
     amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32).reshape(1)
-    scale = amax.clamp_min_(torch.finfo(torch.float32).tiny).div_(fp8_max)
+    # tiny + amax / fp8_max in one launch: the tiny term (1e-38) only keeps an all-zero q from dividing by zero
+    scale = torch.add(_tiny(q.device), amax, alpha=1.0 / fp8_max)
     # No clamp before the cast: |q / scale| <= fp8_max * (1 + 2^-22) by construction, far below the first value
     # the cast turns into NaN (464 for e4m3fn, halfway to the missing 480).
     return (q / scale).to(fp8_dtype), scale
