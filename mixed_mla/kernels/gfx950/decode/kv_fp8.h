@@ -3,6 +3,7 @@
 #include "prelude.h"
 #include "config.h"
 #include "params.h"
+#include "kv_rows.h"
 
 namespace mla_gfx950 {
 
@@ -15,9 +16,7 @@ struct Fp8Cache {
 
   __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, int first_row,
                                     int rows_end, int lane) {
-    const int64_t last = (int64_t)rows_end * FP8_ROW_BYTES - 16;
-    int64_t at = (int64_t)first_row * FP8_ROW_BYTES + chunk * LOAD_CHUNK_BYTES + lane * 16;
-    at = at < last ? at : last;
+    const int64_t at = tile_piece_offset(chunk * LOAD_CHUNK_BYTES + lane * 16, FP8_ROW_BYTES, first_row, rows_end);
     __builtin_amdgcn_global_load_lds((global_void*)(p.kv + at), (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES),
                                      16, 0, 0);
   }

@@ -5,6 +5,7 @@
 #include "prelude.h"
 #include "config.h"
 #include "params.h"
+#include "kv_rows.h"
 
 namespace mla_gfx950 {
 
@@ -17,15 +18,11 @@ struct Mxfp4Cache {
   __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, int first_row,
                                     int rows_end, int lane) {
     if (chunk < FP4_PACKED_TILE_CHUNKS) {
-      const int64_t last = (int64_t)rows_end * FP4_ROW_BYTES - 16;
-      int64_t at = (int64_t)first_row * FP4_ROW_BYTES + chunk * LOAD_CHUNK_BYTES + lane * 16;
-      at = at < last ? at : last;
+      const int64_t at = tile_piece_offset(chunk * LOAD_CHUNK_BYTES + lane * 16, FP4_ROW_BYTES, first_row, rows_end);
       __builtin_amdgcn_global_load_lds((global_void*)(p.kv + at),
                                        (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
     } else {  // scale rows are 24 bytes (checked by the binding): 32 rows = 64 lanes x 12 bytes
-      const int64_t last = (int64_t)rows_end * FP4_SCALE_ROW_BYTES - 12;
-      int64_t at = (int64_t)first_row * FP4_SCALE_ROW_BYTES + lane * 12;
-      at = at < last ? at : last;
+      const int64_t at = tile_piece_offset(lane * 12, FP4_SCALE_ROW_BYTES, first_row, rows_end);
       __builtin_amdgcn_global_load_lds((global_void*)(p.kv_block_scales + at),
                                        (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES), 12, 0, 0);
     }

@@ -42,7 +42,7 @@ __device__ inline void merge_row(const DecodeParams& p) {
 
 }  // namespace mla_gfx950
 
-extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(mla_gfx950::WAVE_SIZE, mla_gfx950::WAVE_SIZE)))
+extern "C" __global__ MLA_KERNEL_RESOURCES(mla_gfx950::WAVE_SIZE, 8)
 void merge_splits(mla_gfx950::DecodeParams p) {
   mla_gfx950::merge_row(p);
 }

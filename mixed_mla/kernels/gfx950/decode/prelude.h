@@ -3,9 +3,12 @@
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
+// A third mode, MLA_CPU_EMULATION, is test equipment: ../cpu_emulation/ runs the same text on CPU threads.
 #pragma once
 
-#if __has_include(<hip/hip_runtime.h>)
+#if defined(MLA_CPU_EMULATION)
+#include "emulation.h"
+#elif __has_include(<hip/hip_runtime.h>)
 #include <hip/hip_runtime.h>
 #else
 #define __global__ __attribute__((global))
@@ -15,6 +18,15 @@
 #endif
 
 #include <stdint.h>
+
+// Resource attributes of a kernel: its exact workgroup size and the waves per SIMD (EU) it must leave room for;
+// the compiler caps registers per lane at 512 / waves_per_eu. Meaningless (and absent) on the CPU emulation.
+#if defined(MLA_CPU_EMULATION)
+#define MLA_KERNEL_RESOURCES(threads, waves_per_eu)
+#else
+#define MLA_KERNEL_RESOURCES(threads, waves_per_eu) \
+  __attribute__((amdgpu_flat_work_group_size(threads, threads), amdgpu_waves_per_eu(waves_per_eu)))
+#endif
 
 namespace mla_gfx950 {
 

@@ -104,8 +104,8 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   return q;
 }
 
-// Issues this wave's share of one tile's direct-to-LDS chunks; addresses past the row's last visible KV row
-// are clamped onto it (those tokens are masked to -inf, and never read outside the segment).
+// Issues this wave's share of one tile's direct-to-LDS chunks (pieces past the row's last visible KV row are
+// redirected onto it: kv_rows.h).
 template <class Cache>
 __device__ inline void issue_tile(const DecodeParams& p, uint8_t* lds_tile, int first_row, int rows_end,
                                   int wave, int lane) {
@@ -155,7 +155,7 @@ template <class Cache, int OCC>
 __device__ inline void stage1(const DecodeParams& p) {
   constexpr int NB = buffers_for_occupancy(OCC);
   constexpr bool Q_IN_LDS = q_in_lds(OCC);
-  __shared__ __attribute__((aligned(16))) uint8_t lds[NB * Cache::TILE_BYTES + (Q_IN_LDS ? Q_LDS_BYTES : 0)];
+  __shared__ __attribute__((aligned(32))) uint8_t lds[NB * Cache::TILE_BYTES + (Q_IN_LDS ? Q_LDS_BYTES : 0)];
   v8i* const q_lds = reinterpret_cast<v8i*>(lds + NB * Cache::TILE_BYTES);  // [step][lane]
 
   const int split = block_x(), t = block_y(), head_group = block_z();

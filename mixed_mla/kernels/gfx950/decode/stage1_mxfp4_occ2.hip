@@ -1,8 +1,7 @@
 // Stage 1, mxfp4 cache, occupancy target 2 workgroups per CU (see config.h).
 #include "stage1.h"
 
-extern "C" __global__ __attribute__((amdgpu_flat_work_group_size(mla_gfx950::THREADS, mla_gfx950::THREADS),
-                                     amdgpu_waves_per_eu(2)))
+extern "C" __global__ MLA_KERNEL_RESOURCES(mla_gfx950::THREADS, 2)
 void stage1_mxfp4_occ2(mla_gfx950::DecodeParams p) {
   mla_gfx950::stage1<mla_gfx950::Mxfp4Cache, 2>(p);
 }
