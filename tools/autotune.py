@@ -90,7 +90,8 @@ class Timer:
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+        on_gpu = device.type == "cuda"
+        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if on_gpu else None
 
     def median_us(self, call, repeats: int) -> float:
         for _ in range(WARMUP_CALLS):
@@ -269,14 +270,14 @@ def gpu_name(device: torch.device) -> str:
 def provenance(device: torch.device, args) -> dict:
     runtime = (f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}" if torch.version.cuda
                else "cpu")
+    timing = (f"a {FLUSH_BYTES >> 20} MiB write flushed the caches before each call, timed by device events"
+              if device.type == "cuda" else "timed by perf_counter")
     return {"measured_by": "tools/autotune.py",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "commit": git_commit(), "gpu": gpu_name(device), "torch": f"{torch.__version__} ({runtime})",
             "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WARMUP_CALLS} warm-up calls; "
-                     f"{'a ' + str(FLUSH_BYTES >> 20) + ' MiB write flushed the caches before each call, ' if device.type == 'cuda' else ''}"
-                     f"timed by {'device events' if device.type == 'cuda' else 'perf_counter'}; only plans whose "
-                     f"output passed the strict check (exact.STRICT_BOUND) were eligible; randn inputs, uniform "
-                     f"lengths, seed {args.seed}"}
+                     f"{timing}; only plans whose output passed the strict check (exact.STRICT_BOUND) were "
+                     f"eligible; randn inputs, uniform lengths, seed {args.seed}"}
 
 
 # ---- main ----

@@ -207,8 +207,8 @@ def _workspace(lib: Aiter, device, stream_id, batch, max_q_len, num_heads, q_dty
     """Per (shape, dtypes, plan, stream): two calls on one stream are ordered, so they can share buffers; two streams
     cannot (one call's metadata build would race the other's kernel)."""
     info = metadata_info_call(lib.generation, batch, max_q_len, num_heads, q_dtype, kv_dtype, fast, num_splits)
-    buffers = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in info.invoke(lib.get_mla_metadata_info_v1)]
-    return Workspace(*buffers)
+    sizes = info.invoke(lib.get_mla_metadata_info_v1)
+    return Workspace(*(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in sizes))
 
 
 @functools.lru_cache(maxsize=64)
