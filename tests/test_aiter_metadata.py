@@ -10,7 +10,6 @@ Everything else -- Q quantisation, page tables, buffer caching, the post-fix -- 
 """
 import sys
 import types
-import warnings
 from dataclasses import dataclass
 
 import pytest
