@@ -119,3 +119,19 @@ def test_the_default_shapes_are_the_benchmark_shapes():
     assert [(s.batch, s.kv_len) for s in args.shapes] == [(4, 1024), (4, 8192), (32, 1024), (32, 8192),
                                                           (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
     assert torch.device(args.device).type in ("cpu", "cuda")
+
+
+def test_a_run_stopped_after_the_first_shape_leaves_its_table(tmp_path, monkeypatch):
+    real_measure, shapes_seen = autotune.measure, set()
+
+    def stop_at_the_second_shape(plan, shape, *rest):
+        shapes_seen.add(shape)
+        if len(shapes_seen) == 2:
+            raise KeyboardInterrupt
+        return real_measure(plan, shape, *rest)
+
+    monkeypatch.setattr(autotune, "measure", stop_at_the_second_shape)
+    with pytest.raises(KeyboardInterrupt):
+        _tune(tmp_path)
+    table = planner.parse_table((tmp_path / "table.json").read_text(), "partial run")
+    assert {key[:4] for key in table} == {(2, 1, 32, 16)}

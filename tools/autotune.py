@@ -302,6 +302,19 @@ def parse_args(argv):
     return args
 
 
+def write_table(table_path: Path, records: list, shapes: list, device: torch.device, args) -> list:
+    """Merge the best plans of `shapes` into the table at table_path; returns the new entries."""
+    measured = provenance(device, args)
+    entries = best_entries(records, shapes,
+                           f"{measured['measured_by']} {measured['date']} {measured['commit']} on {measured['gpu']}")
+    existing = table_path.read_text() if table_path.exists() else None
+    arch = planner.device_arch(device)
+    table = merged_table(existing, entries, TABLE_NAMES.get(arch, gpu_name(device)), measured)
+    table_path.parent.mkdir(parents=True, exist_ok=True)
+    table_path.write_text(table_text(table))
+    return entries
+
+
 def main(argv=None) -> Path:
     args = parse_args(argv)
     device = torch.device(args.device)
@@ -317,7 +330,7 @@ def main(argv=None) -> Path:
             for shape in args.shapes]
     bar = progress_bar(sum(len(plans) for _, plans in work))
     timer = Timer(device)
-    for shape, plans in work:
+    for done, (shape, plans) in enumerate(work, start=1):
         todo = [p for p in plans if not partial.has(shape, p)]
         if len(todo) < len(plans):
             bar.update(len(plans) - len(todo))
@@ -333,14 +346,10 @@ def main(argv=None) -> Path:
             partial.add(measure(plan, shape, inputs, reference, timer, args.repeats))
             bar.update(1)
         del inputs, q, caches, reference
+        # after every shape, so a run stopped by a time limit still leaves a table for what it finished
+        write_table(table_path, partial.records, [s for s, _ in work[:done]], device, args)
     bar.close()
-    measured = provenance(device, args)
-    entries = best_entries(partial.records, args.shapes,
-                           f"{measured['measured_by']} {measured['date']} {measured['commit']} on {measured['gpu']}")
-    existing = table_path.read_text() if table_path.exists() else None
-    table = merged_table(existing, entries, TABLE_NAMES.get(arch, gpu_name(device)), measured)
-    table_path.parent.mkdir(parents=True, exist_ok=True)
-    table_path.write_text(table_text(table))
+    entries = write_table(table_path, partial.records, args.shapes, device, args)
     missing = [str(s) for s in args.shapes if not any(e["batch"] == s.batch and e["kv_len"] == s.kv_len
                                                       for e in entries)]
     print(f"wrote {table_path}: {len(entries)} entries for {len(args.shapes) - len(missing)} shapes"
