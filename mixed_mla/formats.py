@@ -35,7 +35,8 @@ def as_uint8(t: torch.Tensor) -> torch.Tensor:
 
 def quantize_fp8(kv: torch.Tensor):
     """Per-tensor dynamic fp8: scale = amax/448 computed in the input's dtype, as the generator does."""
-    amax = kv.abs().amax().clamp(min=1e-12)
+    # an empty cache has no amax; any positive scale encodes it
+    amax = (kv.abs().amax() if kv.numel() else kv.new_zeros(())).clamp(min=1e-12)
     scale = amax / FP8_E4M3_MAX
     data = (kv / scale).clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
     return data, scale.to(torch.float32).reshape(1)

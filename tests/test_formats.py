@@ -70,3 +70,12 @@ def test_dequantize_rejects_unknown_format():
     import pytest
     with pytest.raises(ValueError, match="kv_format"):
         formats.dequantize(torch.zeros(1, 1, 576), "int4")
+
+
+def test_empty_cache_quantises_to_empty_tensors():
+    empty = torch.zeros(0, 1, 576, dtype=torch.bfloat16)
+    data, scale = formats.quantize_fp8(empty)
+    assert data.shape == (0, 1, 576) and scale.shape == (1,) and scale.item() > 0
+    packed, scales = formats.quantize_mxfp4(empty)
+    assert packed.shape == (0, 1, 288) and scales.shape == (0, 24)
+    assert formats.dequantize(formats.quantize_fp8(empty), "fp8").shape == (0, 576)
