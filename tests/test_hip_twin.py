@@ -1,10 +1,17 @@
-"""The gfx950 kernels' arithmetic, emulated on CPU by mixed_mla.hip_twin, meets the strict bound.
+"""The gfx950 kernels, checked on CPU two ways against the strict bound.
 
-This is the numerical evidence for kernels that cannot run here: the twin follows their order of operations
-(scaled fp8 Q, tiles and splits, exp2 softmax, bf16 P and V, bf16 partials, the merge). The negative cases show
-that the bound notices the mistakes the kernels are designed against (an unscaled Q).
+1. mixed_mla.hip_twin: a torch statement of their arithmetic order (scaled fp8 Q, tiles and splits, exp2 softmax,
+   bf16 P and V, bf16 partials, the merge), property-tested on random layouts. Negative: an unscaled Q fails.
+2. The kernel source itself on CPU lanes (kernels/gfx950/cpu_emulation: one thread per lane, builtins emulated
+   from the ISA facts the kernels assume, direct-to-LDS loads pending until their s_waitcnt): it must meet the
+   bound, match the twin, and never load outside the cache for garbage indptr. Negatives: an out-of-bounds load
+   and a disabled load wait are caught.
 """
+import ctypes
 import re
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,8 +20,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixed_mla import exact, formats, hip_twin
+from mixed_mla import exact, formats, hip_twin, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE
+from mixed_mla.formats import as_uint8
+from mixed_mla.kernels import materialize
 
 CONFIG_H = Path(__file__).resolve().parents[1] / "mixed_mla/kernels/gfx950/decode/config.h"
 
@@ -104,3 +113,107 @@ def test_row_work_clamps_garbage_indptr():
         for t in range(4):
             begin, length = hip_twin.row_work(qo, kv, t, total_q=4, num_kv_rows=50)
             assert 0 <= begin and begin + length <= 50 and length >= 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The kernel source itself, run on CPU lanes (kernels/gfx950/cpu_emulation: one thread per lane, the builtins
+# emulated from the ISA facts the kernels assume). This executes the shipped text's indexing, lane roles, masking,
+# tiling, splits and merge; the twin above is the independent statement of the arithmetic it must match.
+# ---------------------------------------------------------------------------------------------------------------
+FORMAT_CODE = {"fp8": 0, "mxfp4": 1}
+ROW_BYTES = {"fp8": 576, "mxfp4": 288}
+
+
+class DecodeParams(ctypes.Structure):
+    """Mirror of kernels/gfx950/decode/params.h."""
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "kv", "kv_block_scales", "kv_scale", "qo_indptr",
+                                                      "kv_indptr", "out", "partial_out", "partial_lse")]
+                + [(name, ctypes.c_int64) for name in ("q_row_stride", "q_head_stride", "out_row_stride",
+                                                       "out_head_stride")]
+                + [(name, ctypes.c_int) for name in ("total_q", "num_heads", "batch", "num_kv_rows", "num_splits")]
+                + [("sm_scale_log2", ctypes.c_float)])
+
+
+def _build_emulator(src: Path, out_dir: Path):
+    lib = out_dir / "emulation.so"
+    subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O2", "-fPIC", "-shared", "-pthread",
+                    "-DMLA_CPU_EMULATION", "-x", "c++", "-I", str(src / "decode"), "-I", str(src / "cpu_emulation"),
+                    str(src / "cpu_emulation/driver.cpp"), "-o", str(lib)], check=True, capture_output=True)
+    return ctypes.CDLL(str(lib))
+
+
+@pytest.fixture(scope="module")
+def lane_emulator(tmp_path_factory):
+    return _build_emulator(materialize("gfx950"), tmp_path_factory.mktemp("gfx950_emulation"))
+
+
+def _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None):
+    """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN."""
+    total_q, heads = q.shape[:2]
+    data, aux = cache
+    kv = as_uint8(data).reshape(-1, ROW_BYTES[kv_format]).contiguous()
+    scales = as_uint8(aux).contiguous() if kv_format == "mxfp4" else torch.zeros(1, dtype=torch.uint8)
+    kv_scale = aux.float().contiguous() if kv_format == "fp8" else torch.ones(1)
+    out = torch.full((total_q, heads, 512), float("nan"), dtype=torch.bfloat16)
+    partial = torch.full((max(total_q * heads * num_splits, 1) * 512,), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((max(total_q * heads * num_splits, 1),), float("nan"))
+    p = DecodeParams(q.data_ptr(), kv.data_ptr(), scales.data_ptr(), kv_scale.data_ptr(), qo.data_ptr(),
+                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), lse.data_ptr(), q.stride(0), q.stride(1),
+                     out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
+                     kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits,
+                     DEFAULT_SM_SCALE * hip_twin.LOG2E)
+    error = ctypes.create_string_buffer(256)
+    rc = lib.emu_decode(ctypes.byref(p), FORMAT_CODE[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
+                        ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()), ctypes.c_long(scales.numel()),
+                        error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), out
+
+
+def _poisoned_inputs(kv_format):
+    """The self-check's layout: NaN rows past the segments, NaN e8m0 bytes in the unused scale columns."""
+    return selfcheck.check_inputs(kv_format, "cpu")
+
+
+@pytest.mark.parametrize("occupancy", [2, 3, 4])
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_kernel_source_on_cpu_lanes_meets_the_bound_and_matches_the_twin(lane_emulator, kv_format, occupancy):
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=occupancy)
+    assert not error
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
+    twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, 3)
+    assert exact.relative_l2(out, twin) < 1e-3   # same arithmetic: only the float summation order differs
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_kernel_source_never_loads_outside_the_cache_for_garbage_indptr(lane_emulator, kv_format):
+    q, cache, _, _ = _poisoned_inputs(kv_format)
+    qo = torch.tensor([0, 3, 2, 9, 5], dtype=torch.int32)          # decreasing, past total_q
+    kvp = torch.tensor([0, 10**6, 40, -7, 400], dtype=torch.int32)  # past the rows, negative, decreasing
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=4)
+    assert not error
+
+
+def test_the_emulator_catches_an_out_of_bounds_load(lane_emulator):
+    # a kernel told the cache has more rows than it has reads past its end: the emulated load must refuse it
+    q, cache, qo, kvp = _poisoned_inputs("fp8")
+    kvp = kvp.clone()
+    kvp[-1] += 1000
+    error, _ = _run_lanes(lane_emulator, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=3,
+                          num_kv_rows=int(kvp[-1]))
+    assert "outside the cache tensors" in error
+
+
+def test_the_emulator_catches_a_missing_load_wait(tmp_path):
+    # the same kernels with the wait before reading a tile disabled: loads still in flight leave stale LDS
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    stage1 = src / "decode/stage1.h"
+    text = stage1.read_text()
+    assert text.count("MLA_WAIT_VMCNT(0);") == 1
+    stage1.write_text(text.replace("MLA_WAIT_VMCNT(0);", "MLA_WAIT_VMCNT(63);"))
+    lib = _build_emulator(src, tmp_path)
+    q, cache, qo, kvp = _poisoned_inputs("fp8")
+    error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4)
+    assert not error
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND["fp8"]

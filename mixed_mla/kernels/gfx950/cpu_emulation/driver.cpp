@@ -15,6 +15,8 @@
 namespace mla_emu {
 Group* group = nullptr;
 thread_local int thread_index = 0;
+thread_local unsigned collectives = 0;
+thread_local std::deque<PendingCopy> pending;
 }  // namespace mla_emu
 
 namespace {
@@ -36,6 +38,8 @@ bool run_grid(Kernel kernel, const mla_gfx950::DecodeParams& p, int gx, int gy, 
         for (int t = 0; t < threads; ++t)
           lanes.emplace_back([kernel, &p, t] {
             mla_emu::thread_index = t;
+            mla_emu::collectives = 0;
+            mla_emu::pending.clear();
             kernel(p);
           });
         for (auto& lane : lanes) lane.join();

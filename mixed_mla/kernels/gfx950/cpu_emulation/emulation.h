@@ -6,12 +6,15 @@
 // What this cannot show: the hardware facts the emulated builtins encode. They are written from the ISA facts
 // the kernels assume (MFMA operand layouts: A row = lane % 16, K group = lane / 16 holding 32 contiguous values,
 // fp4 low nibble first, one e8m0 scale byte per lane; D row = 4 (lane / 16) + r, column = lane % 16; direct-to-LDS
-// loads place lane i's bytes at base + i * size), and loads complete at issue, so s_waitcnt is not exercised.
+// loads place lane i's bytes at base + i * size). Direct-to-LDS loads stay pending until an s_waitcnt whose
+// vmcnt allows no more than that many newer ones in flight, as the hardware counts them (in issue order), so
+// a wait that is too weak shows up as stale LDS data; plain loads complete at once.
 #pragma once
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #define __global__
@@ -42,13 +45,19 @@ struct Barrier {
   }
 };
 
-// What the lanes of one wave exchange in a collective builtin.
-struct WaveSlots {
-  Barrier sync;
+// What the lanes of one wave exchange in a collective builtin. Two sets, used alternately: a lane can only
+// rewrite a set after every lane has passed the barrier of the collective that used the other one, so each
+// collective needs one barrier instead of two (the emulation's cost is its barriers).
+struct Exchange {
   int32_t word[WAVE];
   const void* pointer[WAVE];
   int32_t a[WAVE][8], b[WAVE][8];
   int32_t scale_a[WAVE], scale_b[WAVE];
+};
+
+struct WaveSlots {
+  Barrier sync;
+  Exchange sets[2];
 };
 
 struct Group {
@@ -65,8 +74,28 @@ struct Group {
 extern Group* group;
 extern thread_local int thread_index;
 
+extern thread_local unsigned collectives;  // collectives this lane has entered: picks the exchange set
+
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int size;
+};
+extern thread_local std::deque<PendingCopy> pending;  // this lane's direct-to-LDS loads in flight, oldest first
+
+// s_waitcnt: completes this lane's oldest loads until at most vmcnt remain (gfx9 encoding, bits 3:0 and 15:14).
+inline void wait_vmcnt(unsigned imm) {
+  const size_t allowed = (imm & 0xF) | (((imm >> 14) & 0x3) << 4);
+  while (pending.size() > allowed) {
+    std::memcpy(pending.front().dst, pending.front().src, pending.front().size);
+    pending.pop_front();
+  }
+}
+
 inline int lane() { return thread_index % WAVE; }
-inline WaveSlots& wave() { return group->waves[thread_index / WAVE]; }
+inline WaveSlots& wave_slots() { return group->waves[thread_index / WAVE]; }
+inline Exchange& exchange() { return wave_slots().sets[collectives++ & 1]; }
+inline void wave_sync() { wave_slots().sync.wait(); }
 
 inline void fail(const char* what, const void* address) {
   std::lock_guard<std::mutex> lock(group->error_mutex);
@@ -102,21 +131,17 @@ inline uint8_t e4m3_code(float x) {
 
 template <class T>
 T exchange_first(T v) {
-  WaveSlots& w = wave();
+  Exchange& w = exchange();
   w.word[lane()] = __builtin_bit_cast(int32_t, v);
-  w.sync.wait();
-  const int32_t first = w.word[0];
-  w.sync.wait();
-  return __builtin_bit_cast(T, first);
+  wave_sync();
+  return __builtin_bit_cast(T, w.word[0]);
 }
 
 inline int bpermute(int address, int data) {
-  WaveSlots& w = wave();
+  Exchange& w = exchange();
   w.word[lane()] = data;
-  w.sync.wait();
-  const int r = w.word[(address >> 2) & (WAVE - 1)];
-  w.sync.wait();
-  return r;
+  wave_sync();
+  return w.word[(address >> 2) & (WAVE - 1)];
 }
 
 inline uint8_t operand_byte(const int32_t* reg, int index) { return (uint8_t)(reg[index / 4] >> (8 * (index % 4))); }
@@ -134,12 +159,12 @@ inline float operand_value(const int32_t* reg, int e, int format) {
 template <class V8I, class V4F>
 V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int opsel_a, int scale_a, int opsel_b,
                          int scale_b) {
-  WaveSlots& w = wave();
+  Exchange& w = exchange();
   const int l = lane();
   for (int k = 0; k < 8; ++k) { w.a[l][k] = a[k]; w.b[l][k] = b[k]; }
   w.scale_a[l] = (scale_a >> (8 * opsel_a)) & 0xFF;
   w.scale_b[l] = (scale_b >> (8 * opsel_b)) & 0xFF;
-  w.sync.wait();
+  wave_sync();
   V4F d;
   const int col = l % 16;
   for (int r = 0; r < 4; ++r) {
@@ -155,13 +180,12 @@ V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int op
     }
     d[r] = c[r] + (float)sum;
   }
-  w.sync.wait();
   return d;
 }
 
 template <class V8BF, class V4F>
 V4F mfma_16x16x32_bf16(V8BF a, V8BF b, V4F c) {
-  WaveSlots& w = wave();
+  Exchange& w = exchange();
   const int l = lane();
   struct Words { int32_t w[4]; };
   const Words wa = __builtin_bit_cast(Words, a), wb = __builtin_bit_cast(Words, b);
@@ -169,7 +193,7 @@ V4F mfma_16x16x32_bf16(V8BF a, V8BF b, V4F c) {
     w.a[l][k] = wa.w[k];
     w.b[l][k] = wb.w[k];
   }
-  w.sync.wait();
+  wave_sync();
   V4F d;
   const int col = l % 16;
   auto bf16 = [](int32_t word, int half) { return __builtin_bit_cast(float, half ? (uint32_t)word & 0xFFFF0000u : (uint32_t)word << 16); };
@@ -181,16 +205,14 @@ V4F mfma_16x16x32_bf16(V8BF a, V8BF b, V4F c) {
         sum += (double)bf16(w.a[group_k * 16 + row][e / 2], e % 2) * (double)bf16(w.b[group_k * 16 + col][e / 2], e % 2);
     d[r] = c[r] + (float)sum;
   }
-  w.sync.wait();
   return d;
 }
 
 inline void global_load_lds(const void* src, void* dst, int size, int offset) {
-  WaveSlots& w = wave();
+  Exchange& w = exchange();
   w.pointer[lane()] = dst;
-  w.sync.wait();
+  wave_sync();
   const bool uniform = w.pointer[0] == dst;
-  w.sync.wait();
   if (!uniform) fail("direct-to-LDS destination is not wave-uniform", dst);
   const uint8_t* s = static_cast<const uint8_t*>(src);
   bool inside = false;
@@ -199,7 +221,7 @@ inline void global_load_lds(const void* src, void* dst, int size, int offset) {
     fail("direct-to-LDS load outside the cache tensors", src);
     return;
   }
-  std::memcpy(static_cast<uint8_t*>(dst) + offset + lane() * size, s, size);
+  pending.push_back(PendingCopy{static_cast<uint8_t*>(dst) + offset + lane() * size, s, size});
 }
 
 template <class V2BF>
@@ -214,7 +236,7 @@ V2BF pair_bf16(float x, float y) { return V2BF{(__bf16)x, (__bf16)y}; }
 #define __builtin_amdgcn_mbcnt_lo(mask, v) ((v) + (unsigned)(mla_emu::lane() < 32 ? mla_emu::lane() : 32))
 #define __builtin_amdgcn_mbcnt_hi(mask, v) ((v) + (unsigned)(mla_emu::lane() > 32 ? mla_emu::lane() - 32 : 0))
 #define __builtin_amdgcn_s_barrier() mla_emu::group->sync.wait()
-#define __builtin_amdgcn_s_waitcnt(n) ((void)0)
+#define __builtin_amdgcn_s_waitcnt(n) mla_emu::wait_vmcnt(n)
 #define __builtin_amdgcn_ds_bpermute(address, data) mla_emu::bpermute(address, data)
 #define __builtin_amdgcn_readfirstlane(v) mla_emu::exchange_first(v)
 #define __builtin_amdgcn_frexp_expf(x) ([](float v) { int e; std::frexp(v, &e); return e; }(x))
