@@ -12,7 +12,7 @@ constexpr int kTileTokens = 32;      // tokens per pipeline stage: 4 n-tiles of 
 
 // Q.K splits the 576 dims over the warps (each keeps its Q slice in registers: 9 k-steps x 4 regs = 36 regs);
 // P.V splits the 512 output dims (each warp accumulates 16 heads x 128 dims = 64 fp32 regs).
-constexpr int kDimsPerWarpQK = kHeadDimQK / kWarps;   // 144 = 2 chunks of 64 + 16
+constexpr int kDimsPerWarpQK = kHeadDimQK / kWarps;   // 144 = 2 chunks of 64 + 16 
 constexpr int kKSteps = kDimsPerWarpQK / 16;          // 9
 constexpr int kDimsPerWarpV = kHeadDimV / kWarps;     // 128 = 4 groups of 32
 constexpr int kVGroups = kDimsPerWarpV / 32;          // 4

@@ -47,6 +47,15 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, v
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p->num_splits == 1) return err;
-  merge_splits_kernel<<<(unsigned)((int64_t)p->total_q * p->num_heads), kMergeThreads, 0, stream>>>(*p);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the merge's launch overlaps the split kernel's tail (griddepcontrol).
+  cudaLaunchAttribute overlap;
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3((unsigned)((int64_t)p->total_q * p->num_heads));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, merge_splits_kernel, *p);
 }

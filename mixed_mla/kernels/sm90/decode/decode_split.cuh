@@ -1,15 +1,15 @@
 // Split-KV decode, one CTA per (KV split, query row of a segment x head group of 16, segment).
 //
 // Layout of the work (4 warps, tiles of 32 tokens, tensor cores for both products):
-//   S = Q.K^T : mma m16n8k16 with the 16 heads on M and tokens on N. Warp w owns dims [144w, 144w + 144) of the
-//               576 and keeps its Q slice in registers for the whole row; each warp's partial scores for all 32
-//               tokens are summed through shared memory (8 KB per tile), so K is read from shared memory once.
+//   S = Q.K^T : mma with the 16 heads on M and tokens on N. Each warp owns a quarter of the 576 dims and keeps its
+//               Q slice in registers for the whole row (qk_operands.cuh); the 4 partial scores of all 32 tokens
+//               are summed through shared memory (8 KB per tile), so K is read from shared memory once.
 //   softmax   : every warp reduces the same 4 partials and runs the same online softmax (identical arithmetic,
 //               identical max and sum in every warp), so no second exchange is needed.
 //   O = P.V   : warp w owns output dims [128w, 128w + 128); P comes straight from the score registers.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
-// exponent). fp8 runs f16 mma: e4m3 is exact in f16, and Q is scaled per head by a power of two into f16 range
-// (|q| up to 1e4 and beyond stays exact to f16 precision), the factor folded into the score scale.
+// exponent). fp8 runs Q.K as e4m3 mma on the cache bytes with Q split hi + lo (qk_operands.cuh) and P.V as f16 mma
+// (e4m3 is exact in f16, P in f16). No input is rounded beyond bf16 precision.
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -18,84 +18,11 @@
 #include "kv_tiles.cuh"
 #include "params.h"
 #include "ptx.cuh"
+#include "qk_operands.cuh"
 
 namespace mla_sm90 {
 
 __device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return min(max(v, lo), hi); }
-
-// Q fragments (A operand, rows g and g + 8 = heads head0 + g, head0 + g + 8) in the K fragments' dim order.
-// Returns the log2-domain score factor of each of the two head rows.
-template <bool kF16Math>
-__device__ __forceinline__ void load_q(const DecodeParams& p, int row, int head0, int warp, int g, int t,
-                                       float kv_scale, float* qmax_smem, uint32_t qa[kKSteps][4], float coef[2]) {
-  uint32_t qw[2][kKSteps][2];
-#pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    const uint16_t* src = p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride + warp * kDimsPerWarpQK;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t));
-      const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t + 8));
-      qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
-      qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
-      qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
-      qw[hr][4 * c + 3][0] = b.z; qw[hr][4 * c + 3][1] = b.w;
-    }
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + 128 + 4 * t));
-    qw[hr][8][0] = u.x; qw[hr][8][1] = u.y;
-  }
-  if constexpr (!kF16Math) {
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-      qa[j][0] = qw[0][j][0]; qa[j][1] = qw[1][j][0]; qa[j][2] = qw[0][j][1]; qa[j][3] = qw[1][j][1];
-    }
-    coef[0] = coef[1] = p.sm_scale_log2;
-    return;
-  } else {
-    // Per-head max |q| over all 576 dims: 36 in this thread, then the 4 threads of a row, then the 4 warps.
-    float mx[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float m = 0.f;
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j)
-#pragma unroll
-        for (int k = 0; k < 2; ++k)
-          m = fmaxf(m, fmaxf(fabsf(bf16_lo_to_f32(qw[hr][j][k])), fabsf(bf16_hi_to_f32(qw[hr][j][k]))));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      mx[hr] = m;
-    }
-    if (t == 0) {
-      qmax_smem[warp * kHeadGroup + g] = mx[0];
-      qmax_smem[warp * kHeadGroup + g + 8] = mx[1];
-    }
-    __syncthreads();
-    float qmul[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float m = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) m = fmaxf(m, qmax_smem[w * kHeadGroup + g + 8 * hr]);
-      // Largest power of two that keeps max|q| * qmul below 2^15 (f16 max is 65504): exact scaling.
-      int e = 0;
-      frexpf(m, &e);
-      qmul[hr] = (m > 0.f && isfinite(m)) ? exp2f((float)min(15 - e, 126)) : 1.f;
-      coef[hr] = p.sm_scale_log2 * kv_scale / qmul[hr];
-    }
-#pragma unroll
-    for (int j = 0; j < kKSteps; ++j) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int hr = 0; hr < 2; ++hr) {
-          const uint32_t w = qw[hr][j][k];
-          qa[j][2 * k + hr] = pack_f16x2(bf16_lo_to_f32(w) * qmul[hr], bf16_hi_to_f32(w) * qmul[hr]);
-        }
-      }
-    }
-  }
-}
 
 // Writes the normalised output of the two head rows this thread holds (8 consecutive dims per 32-dim group):
 // bf16 to `out` when the row is not split, else fp32 partials and the log2-domain LSE for the merge.
@@ -138,7 +65,7 @@ template <int kFormat>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, int row, int head0,
                                            int first_row, int count, int split) {
   using Tile = KvTile<kFormat>;
-  using Rows = typename Tile::Rows;
+  using Rows = typename Tile::Rows;  // V fragments
   uint8_t* stages = smem;
   uint8_t* expanded = smem + Tile::kStages * Tile::kStageBytes;
   float* red = reinterpret_cast<float*>(expanded + Tile::kExpandedBytes);
@@ -147,10 +74,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
 
-  uint32_t qa[kKSteps][4];
-  float coef[2];
-  load_q<Tile::kF16Math>(p, row, head0, warp, g, t, kv_scale, qmax_smem, qa, coef);
-
+  // The first tiles are in flight while Q is read and prepared.
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
 #pragma unroll
   for (int s = 0; s < Tile::kStages - 1; ++s) {
@@ -158,6 +82,8 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
       Tile::issue(stages + s * Tile::kStageBytes, p, first_row + s * kTileTokens, count - s * kTileTokens);
     cp_async_commit();
   }
+  typename QkFor<kFormat>::type qk;
+  qk.load(p, row, head0, warp, g, t, kv_scale, qmax_smem);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[kVTilesPerWarp][4];
@@ -178,17 +104,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
     // Partial scores over this warp's 144 dims, all 32 tokens.
     float s[kNTilesQK][4];
-#pragma unroll
-    for (int n = 0; n < kNTilesQK; ++n) {
-      uint32_t kb[kKSteps][2];
-      Rows::load_k(tile, 8 * n + g, warp, t, kb);
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j) {
-        if constexpr (Tile::kF16Math) mma_f16(s[n], qa[j], kb[j][0], kb[j][1]);
-        else mma_bf16(s[n], qa[j], kb[j][0], kb[j][1]);
-      }
-    }
+    qk.partial_scores(tile, warp, g, t, s);
     float* mine = red + warp * kHeadGroup * kRedStride;
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
@@ -211,10 +127,10 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         lo.x += a.x; lo.y += a.y; hi.x += b.x; hi.y += b.y;
       }
       const bool ok0 = 8 * n + 2 * t < valid, ok1 = 8 * n + 2 * t + 1 < valid;
-      x[n][0] = ok0 ? lo.x * coef[0] : -INFINITY;
-      x[n][1] = ok1 ? lo.y * coef[0] : -INFINITY;
-      x[n][2] = ok0 ? hi.x * coef[1] : -INFINITY;
-      x[n][3] = ok1 ? hi.y * coef[1] : -INFINITY;
+      x[n][0] = ok0 ? lo.x * qk.coef[0] : -INFINITY;
+      x[n][1] = ok1 ? lo.y * qk.coef[0] : -INFINITY;
+      x[n][2] = ok0 ? hi.x * qk.coef[1] : -INFINITY;
+      x[n][3] = ok1 ? hi.y * qk.coef[1] : -INFINITY;
     }
 
     // Online softmax in base 2.
@@ -260,7 +176,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const float* lo = pr[2 * ks + half];
-        if constexpr (Tile::kF16Math) {
+        if constexpr (Tile::kF16PV) {
           pa[ks][2 * half + 0] = pack_f16x2(lo[0], lo[1]);
           pa[ks][2 * half + 1] = pack_f16x2(lo[2], lo[3]);
         } else {
@@ -277,7 +193,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         Rows::load_v(tile, ks, G, warp, g, t, vb);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          if constexpr (Tile::kF16Math) mma_f16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
+          if constexpr (Tile::kF16PV) mma_f16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
           else mma_bf16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
         }
       }
@@ -289,6 +205,9 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
   }
+  // The merge kernel (launched with programmatic stream serialisation) may start its prologue now; it still
+  // waits for this whole grid before reading any partial.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   store_row(p, row, head0, split, warp, g, t, m, l, o, kv_scale);
 }
 

@@ -112,7 +112,7 @@ struct KvTile;
 template <>
 struct KvTile<kFormatBf16> {
   using Rows = Bf16Rows;
-  static constexpr bool kF16Math = false;
+  static constexpr bool kF16PV = false;
   static constexpr int kStages = kStagesBf16;
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
@@ -127,7 +127,7 @@ struct KvTile<kFormatBf16> {
 template <>
 struct KvTile<kFormatFp8> {
   using Rows = Fp8Rows;
-  static constexpr bool kF16Math = true;
+  static constexpr bool kF16PV = true;
   static constexpr int kStages = kStagesFp8;
   static constexpr int kStageBytes = kTileTokens * kFp8SmemRowStride;
   static constexpr int kExpandedBytes = 0;
@@ -153,7 +153,7 @@ __device__ __forceinline__ uint32_t fp4x2_to_bf16x2(uint32_t byte, float block_s
 template <>
 struct KvTile<kFormatMxfp4> {
   using Rows = Bf16Rows;
-  static constexpr bool kF16Math = false;
+  static constexpr bool kF16PV = false;
   static constexpr int kStages = kStagesMxfp4;
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;

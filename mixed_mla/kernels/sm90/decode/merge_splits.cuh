@@ -12,6 +12,7 @@ namespace mla_sm90 {
 
 // grid = total_q * num_heads, kMergeThreads threads: thread i owns dims 4i .. 4i + 3.
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __grid_constant__ DecodeParams p) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split kernel's partials are complete and visible
   const int64_t slot = blockIdx.x;  // row * num_heads + head
   const int row = (int)(slot / p.num_heads), head = (int)(slot % p.num_heads);
   const float* lse = p.partial_lse + slot * p.num_splits;

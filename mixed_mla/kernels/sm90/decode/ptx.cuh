@@ -83,3 +83,4 @@ template <typename T>
 __device__ __forceinline__ T lds(const uint8_t* p) { return *reinterpret_cast<const T*>(p); }
 
 }  // namespace mla_sm90
+

@@ -1,0 +1,128 @@
+// The Q side of S = Q.K^T: Q fragments held in registers for a whole query row, and the partial scores of one
+// tile over this warp's dims (warp w owns dims [144w, 144w + 144), 9 mma k-steps of 16, in the K fragment order
+// of kv_tiles.cuh). Two variants of one template:
+//   bf16 and mxfp4 caches: bf16 mma, Q exactly as given.
+//   fp8 cache: f16 mma on K converted in registers (exact); Q scaled per head by a power of two so that max|q|
+//     lands in [2^14, 2^15): f16 then holds every bf16 value of the row exactly, at any |q| (1e4 included).
+// (mma.sync on e4m3 operands is no shortcut on sm_90: ptxas lowers it to the f16 HMMA plus the same F2FP
+// conversions, measured 30% slower; native fp8 needs wgmma.)
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "kv_tiles.cuh"
+#include "params.h"
+#include "ptx.cuh"
+
+namespace mla_sm90 {
+
+// Per-head max |q| over all 576 dims, given this thread's partial max of head rows g and g + 8: reduced over the
+// 4 threads of a row, then over the warps through shared memory (one barrier).
+__device__ __forceinline__ void head_absmax(float mx[2], int warp, int g, int t, float* qmax_smem) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+    mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+  }
+  if (t == 0) {
+    qmax_smem[warp * kHeadGroup + g] = mx[0];
+    qmax_smem[warp * kHeadGroup + g + 8] = mx[1];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float m = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = fmaxf(m, qmax_smem[w * kHeadGroup + g + 8 * hr]);
+    mx[hr] = m;
+  }
+}
+
+template <typename Rows, bool kF16>
+struct QkHalf {
+  uint32_t qa[kKSteps][4];
+  float coef[2];  // log2-domain score factor of head rows g, g + 8
+
+  __device__ __forceinline__ void load(const DecodeParams& p, int row, int head0, int warp, int g, int t,
+                                       float kv_scale, float* qmax_smem) {
+    uint32_t qw[2][kKSteps][2];  // bf16 pairs, [head row][k-step][dims D_j | D_j + 2]
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const uint16_t* src =
+          p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride + warp * kDimsPerWarpQK;
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t));
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t + 8));
+        qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
+        qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
+        qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
+        qw[hr][4 * c + 3][0] = b.z; qw[hr][4 * c + 3][1] = b.w;
+      }
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + 128 + 4 * t));
+      qw[hr][8][0] = u.x; qw[hr][8][1] = u.y;
+    }
+    if constexpr (!kF16) {
+#pragma unroll
+      for (int j = 0; j < kKSteps; ++j)
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) qa[j][2 * k + hr] = qw[hr][j][k];
+      coef[0] = coef[1] = p.sm_scale_log2;
+    } else {
+      float mx[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+        for (int j = 0; j < kKSteps; ++j)
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const uint32_t w = qw[hr][j][k];
+            mx[hr] = fmaxf(mx[hr], fmaxf(fabsf(bf16_lo_to_f32(w)), fabsf(bf16_hi_to_f32(w))));
+          }
+      head_absmax(mx, warp, g, t, qmax_smem);
+      float qmul[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        int e = 0;
+        frexpf(mx[hr], &e);  // max|q| = f * 2^e, f in [0.5, 1): max|q| * 2^(15-e) lies in [2^14, 2^15)
+        qmul[hr] = (mx[hr] > 0.f && isfinite(mx[hr])) ? exp2f((float)min(15 - e, 126)) : 1.f;
+        coef[hr] = p.sm_scale_log2 * kv_scale / qmul[hr];
+      }
+#pragma unroll
+      for (int j = 0; j < kKSteps; ++j)
+#pragma unroll
+        for (int k = 0; k < 2; ++k)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const uint32_t w = qw[hr][j][k];
+            qa[j][2 * k + hr] = pack_f16x2(bf16_lo_to_f32(w) * qmul[hr], bf16_hi_to_f32(w) * qmul[hr]);
+          }
+    }
+  }
+
+  __device__ __forceinline__ void partial_scores(const uint8_t* tile, int warp, int g, int t,
+                                                 float s[kNTilesQK][4]) const {
+#pragma unroll
+    for (int n = 0; n < kNTilesQK; ++n) {
+      uint32_t kb[kKSteps][2];
+      Rows::load_k(tile, 8 * n + g, warp, t, kb);
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kKSteps; ++j) {
+        if constexpr (kF16) mma_f16(s[n], qa[j], kb[j][0], kb[j][1]);
+        else mma_bf16(s[n], qa[j], kb[j][0], kb[j][1]);
+      }
+    }
+  }
+};
+
+// The Q side each cache format uses.
+template <int kFormat>
+struct QkFor { using type = QkHalf<Bf16Rows, false>; };
+template <>
+struct QkFor<kFormatFp8> { using type = QkHalf<Fp8Rows, true>; };
+
+}  // namespace mla_sm90
