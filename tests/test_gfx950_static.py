@@ -5,6 +5,7 @@ The resource table is printed into the test log. The negative case compiles a ke
 that the report catches it.
 """
 import importlib.util
+import shutil
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,11 @@ def report():
 
 
 def test_every_kernel_compiles_without_spills_at_its_occupancy_target(report, capsys):
-    reports, errors = report
+    reports, errors, host = report
     with capsys.disabled():
         print("\n" + gfx950_report.format_table(reports))
+        for name, result in host.items():
+            print(f"host code {name}: {result}")
     assert not errors, errors
     assert {r.name for r in reports} == EXPECTED_KERNELS
     for r in reports:
@@ -36,8 +39,14 @@ def test_every_kernel_compiles_without_spills_at_its_occupancy_target(report, ca
         assert r.scratch_bytes == 0 and r.vgpr_spills == 0 and r.sgpr_spills == 0
 
 
+def test_host_code_passes_its_syntax_check(report):
+    _, _, host = report
+    assert host["launch.hip"] == "ok"
+    assert not gfx950_report.host_failures(host), host
+
+
 def test_stage1_kernels_use_mfma_and_direct_to_lds_loads(report):
-    reports, _ = report
+    reports, _, _ = report
     for r in reports:
         if r.name.startswith("stage1_"):
             # 5 Q.K steps x 2 token blocks (scaled f8f6f4) + 8 P.V column blocks (bf16)
@@ -71,3 +80,14 @@ def test_the_check_catches_a_spilling_kernel(tmp_path):
     problems = gfx950_report.check(kernels[0])
     assert any("spills" in p for p in problems), problems
     assert any("no MFMA" in p for p in problems), problems
+
+
+def test_the_host_check_catches_a_broken_launcher(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(gfx950_report.materialize(gfx950_report.KERNEL_DIR), src)
+    launch = src / "launch.hip"
+    launch.write_text(launch.read_text().replace("hipGetLastError()", "hipGetLastErrors()"))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = gfx950_report.check_host_code(src, work, binding=False)["launch.hip"]
+    assert result != "ok" and "hipGetLastErrors" in result

@@ -13,6 +13,10 @@ where waves_per_simd is the compiler's reported "Occupancy [waves/SIMD]" (from t
 and SGPRs), W = max_flat_workgroup_size / 64 from the kernel metadata, and LDS_PER_CU = 160 KiB on gfx950. The
 check fails unless every kernel compiles, has zero scratch and zero spills, and reaches its target.
 
+The host code is syntax-checked too (-fsyntax-only): launch.hip against a stand-in <hip/hip_runtime.h> declaring
+the few HIP names it uses (HIP_HOST_STANDIN), binding.cpp against this torch's headers when a CUDA runtime header
+and g++ are at hand (the ROCm build hipifies the same text); neither can be linked or run here.
+
 gfx942 (MI300X) is not a target: the kernels use gfx950-only instructions (the scaled f8f6f4 MFMA, 16-byte
 direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942's fp8 is e4m3fnuz; the backend refuses it in
 `available`.
@@ -21,9 +25,12 @@ Usage: python tools/gfx950_report.py [--json]   (exit status 1 when a check fail
 """
 import argparse
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -47,6 +54,26 @@ REMARK = re.compile(r"remark:\s+(Function Name|TotalSGPRs|VGPRs|AGPRs|ScratchSiz
                     r"Occupancy \[waves/SIMD\]|SGPRs Spill|VGPRs Spill|LDS Size \[bytes/block\]): (\S+)")
 MFMA = re.compile(r"^\s+v_mfma\w*", re.M)
 LOAD_TO_LDS = re.compile(r"^\s+(global_load_lds_\w+|buffer_load_\w+[^\n]*\blds\b)", re.M)
+
+
+# What launch.hip needs from <hip/hip_runtime.h>, declared as HIP declares it, for the host syntax check only.
+HIP_HOST_STANDIN = """#pragma once
+typedef __SIZE_TYPE__ size_t;
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __host__ __attribute__((host))
+#define __shared__ __attribute__((shared))
+struct dim3 { unsigned x, y, z; constexpr dim3(unsigned x = 1, unsigned y = 1, unsigned z = 1) : x(x), y(y), z(z) {} };
+typedef struct ihipStream_t* hipStream_t;
+typedef enum hipError_t { hipSuccess = 0, hipErrorInvalidValue = 1 } hipError_t;
+extern "C" hipError_t hipGetLastError();
+extern "C" unsigned __hipPushCallConfiguration(dim3 grid, dim3 block, size_t shared, hipStream_t stream);
+extern "C" hipError_t __hipPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, hipStream_t* stream);
+extern "C" hipError_t hipLaunchKernel(const void* f, dim3 grid, dim3 block, void** args, size_t shared,
+                                      hipStream_t stream);
+#define hipLaunchKernelGGL(kernel, grid, block, shared, stream, ...) kernel<<<grid, block, shared, stream>>>(__VA_ARGS__)
+"""
+CUDA_INCLUDE = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"
 
 
 @dataclass
@@ -137,12 +164,14 @@ def check(report: KernelReport) -> list:
     return problems
 
 
-def build_report() -> tuple[list, dict]:
-    """(kernel reports with their problems, {file: compiler error}) for every kernel file."""
+def build_report(host_code: bool = True) -> tuple[list, dict, dict]:
+    """(kernel reports with their problems, {file: compiler error}, {host file: check result}) of the shipped text."""
     src_dir = materialize(KERNEL_DIR)
     files = sorted(p for p in src_dir.iterdir() if KERNEL_FILE.match(p.name))
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor() as pool:
+        host = pool.submit(check_host_code, src_dir, Path(tmp)) if host_code else None
         results = list(pool.map(lambda f: (f, compile_file(f, Path(tmp))), files))
+        host_results = host.result() if host else {}
     reports, errors = [], {}
     for path, (kernels, error) in results:
         if error:
@@ -152,7 +181,35 @@ def build_report() -> tuple[list, dict]:
         for r in kernels:
             r.problems = check(r)
             reports.append(r)
-    return reports, errors
+    return reports, errors, host_results
+
+
+def check_host_code(src_dir: Path, work_dir: Path, binding: bool = True) -> dict:
+    """{file: "ok" | "skipped: why" | compiler errors} for launch.hip and (binding=True) binding.cpp."""
+    (work_dir / "hip").mkdir(exist_ok=True)
+    (work_dir / "hip/hip_runtime.h").write_text(HIP_HOST_STANDIN)
+    results = {}
+    launch = subprocess.run(CLANG + ["-x", "hip", f"--offload-arch={ARCH}", "-nogpuinc", "-nogpulib",
+                                     "--cuda-host-only", "-fsyntax-only", "-std=c++17", "-I", str(work_dir),
+                                     "-I", str(src_dir), str(src_dir / "launch.hip")], capture_output=True, text=True)
+    results["launch.hip"] = "ok" if launch.returncode == 0 else launch.stderr.strip()
+    if not binding:
+        return results
+    compiler = shutil.which("g++")
+    if compiler is None or not (CUDA_INCLUDE / "cuda_runtime_api.h").exists():
+        results["binding.cpp"] = (f"skipped: needs g++ and a CUDA runtime header (for torch's c10/cuda) under "
+                                  f"{CUDA_INCLUDE}")
+        return results
+    from torch.utils.cpp_extension import include_paths
+    # the CPU wheel of torch ships c10/cuda without its generated macro header; an empty one stands in
+    (work_dir / "c10/cuda/impl").mkdir(parents=True, exist_ok=True)
+    (work_dir / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
+    includes = [work_dir, sysconfig.get_paths()["include"], *include_paths(), CUDA_INCLUDE, src_dir]
+    binding = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-w",
+                                           *[f"-I{p}" for p in includes], str(src_dir / "binding.cpp")],
+                             capture_output=True, text=True)
+    results["binding.cpp"] = "ok" if binding.returncode == 0 else binding.stderr.strip()
+    return results
 
 
 def format_table(reports: list) -> str:
@@ -167,20 +224,26 @@ def format_table(reports: list) -> str:
     return "\n".join(lines)
 
 
+def host_failures(host: dict) -> dict:
+    return {name: result for name, result in host.items() if result != "ok" and not result.startswith("skipped")}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
     args = parser.parse_args()
-    reports, errors = build_report()
+    reports, errors, host = build_report()
     if args.json:
         print(json.dumps({"kernels": [dict(asdict(r), wg_per_cu=r.wg_per_cu) for r in reports],
-                          "compile_errors": errors}, indent=1))
+                          "compile_errors": errors, "host_code": host}, indent=1))
     else:
         print(f"gfx950 kernels, clang {ARCH} device-only ({' '.join(FLAGS)})")
         print(format_table(reports))
+        for name, result in host.items():
+            print(f"host code {name}: {result}")
         for name, error in errors.items():
             print(f"\nCOMPILE ERROR in {name}:\n{error}")
-    failed = bool(errors) or any(r.problems for r in reports)
+    failed = bool(errors) or any(r.problems for r in reports) or any(host_failures(host).values())
     return 1 if failed else 0
 
 

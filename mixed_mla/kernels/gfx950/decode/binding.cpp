@@ -1,7 +1,7 @@
 // torch binding of the gfx950 decode (ROCm torch, load_inline): checks the tensors, fills DecodeParams,
 // launches on the current stream. One call per forward; no allocation (the backend passes the split buffers).
 #include <torch/extension.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "params.h"
 
@@ -71,6 +71,6 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   p.num_splits = (int)num_splits;
   p.sm_scale_log2 = (float)(sm_scale * 1.4426950408889634);
   const int err = mla_gfx950::launch_decode(p, fp8 ? 0 : 1, (int)occupancy,
-                                            at::cuda::getCurrentCUDAStream().stream());
+                                            c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
 }

@@ -17,18 +17,20 @@ __global__ void merge_splits(mla_gfx950::DecodeParams);
 
 namespace mla_gfx950 {
 
-typedef void (*Stage1Kernel)(DecodeParams);
-
 // format: 0 = fp8, 1 = mxfp4; occupancy: 2, 3 or 4 (workgroups per CU). Returns a hipError_t as int.
+// Kernels are launched by name (a switch, not a table of pointers): the launch macro wants the kernel itself.
 int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream) {
-  static const Stage1Kernel kernels[2][3] = {
-      {stage1_fp8_occ2, stage1_fp8_occ3, stage1_fp8_occ4},
-      {stage1_mxfp4_occ2, stage1_mxfp4_occ3, stage1_mxfp4_occ4},
-  };
-  if (format < 0 || format > 1 || occupancy < 2 || occupancy > 4) return (int)hipErrorInvalidValue;
   hipStream_t s = static_cast<hipStream_t>(stream);
-  const dim3 grid(p.num_splits, p.total_q, p.num_heads / HEAD_GROUP);
-  hipLaunchKernelGGL(kernels[format][occupancy - 2], grid, dim3(THREADS), 0, s, p);
+  const dim3 grid(p.num_splits, p.total_q, p.num_heads / HEAD_GROUP), block(THREADS);
+  switch (format * 10 + occupancy) {
+    case 2: hipLaunchKernelGGL(stage1_fp8_occ2, grid, block, 0, s, p); break;
+    case 3: hipLaunchKernelGGL(stage1_fp8_occ3, grid, block, 0, s, p); break;
+    case 4: hipLaunchKernelGGL(stage1_fp8_occ4, grid, block, 0, s, p); break;
+    case 12: hipLaunchKernelGGL(stage1_mxfp4_occ2, grid, block, 0, s, p); break;
+    case 13: hipLaunchKernelGGL(stage1_mxfp4_occ3, grid, block, 0, s, p); break;
+    case 14: hipLaunchKernelGGL(stage1_mxfp4_occ4, grid, block, 0, s, p); break;
+    default: return (int)hipErrorInvalidValue;
+  }
   if (p.num_splits > 1)
     hipLaunchKernelGGL(merge_splits, dim3(p.total_q, p.num_heads), dim3(WAVE_SIZE), 0, s, p);
   return (int)hipGetLastError();
