@@ -5,8 +5,8 @@ Why: the gfx950 kernels were only compiled, never executed, before their first M
 kernel can meet a driver, compiler or hardware difference its tests never saw). A failed check costs one warning
 and a slower route, instead of wrong attention. The layout is chosen to hit what breaks first: variable lengths, an
 empty segment, a query row with nothing to attend (kv_len < q_len), q_len 1-4 under the causal rule, partial tiles,
-two head groups, the plan's split count (so mostly-empty splits and the merge), and poison past the used rows and
-in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails.
+two head groups, one split and the plan's split count (mostly-empty splits, the merge), and poison past the used
+rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails.
 
 Call (api.py): before using a planned compiled backend,
     if not selfcheck.verified(plan.backend, backend_module.run, plan, device): <route this plan elsewhere>
@@ -14,6 +14,7 @@ MLA_SELFCHECK=0 disables it (timing runs: the check launches the kernel and an e
 """
 import os
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -30,6 +31,7 @@ POISON_ROWS = 40             # cache rows past the last segment, filled with NaN
 FP8_NAN = 0x7F               # e4m3fn NaN
 E8M0_NAN = 0xFF
 SEED = 20261202
+MERGED_SPLITS = 3            # split count of the merge path when the plan itself has one split
 
 _results = {}  # (backend, variant, kv_format) -> bool, for this process
 
@@ -83,18 +85,25 @@ def check_inputs(kv_format: str, device):
 
 
 def _check(run, plan, device):
-    """None when `run` passes, else what went wrong (a failing launch counts as a failure)."""
+    """None when `run` passes, else what went wrong (a failing launch counts as a failure).
+
+    The verdict covers the variant whatever its split count, so both code paths run: one split (stage 1 writes
+    the output) and several (partials + merge; the plan's own count when it has one).
+    """
     q, cache, qo, kvp = check_inputs(plan.kv_format, device)
-    out = torch.full((q.shape[0], NUM_HEADS, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
-    try:
-        run(q, cache, plan.kv_format, qo, kvp, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in SEGMENTS))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as error:  # any launch or runtime error means the variant cannot be trusted
-        return f"the kernel raised {type(error).__name__}: {error}"
     ref = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE)
-    err = relative_l2(out, ref)
     bound = STRICT_BOUND[plan.kv_format]
-    if err <= bound:
-        return None
-    return f"relative L2 error {err:.3g} against exact attention exceeds the strict bound {bound}"
+    for num_splits in (1, plan.num_splits if plan.num_splits > 1 else MERGED_SPLITS):
+        out = torch.full((q.shape[0], NUM_HEADS, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+        try:
+            run(q, cache, plan.kv_format, qo, kvp, out, replace(plan, num_splits=num_splits), DEFAULT_SM_SCALE,
+                max(s[0] for s in SEGMENTS))
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as error:  # any launch or runtime error means the variant cannot be trusted
+            return f"with {num_splits} split(s) the kernel raised {type(error).__name__}: {error}"
+        err = relative_l2(out, ref)
+        if not err <= bound:
+            return (f"with {num_splits} split(s) the relative L2 error {err:.3g} against exact attention exceeds "
+                    f"the strict bound {bound}")
+    return None

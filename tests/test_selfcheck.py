@@ -74,10 +74,25 @@ def test_wrong_kernel_is_refused_once_with_one_warning(kernel, kv_format):
     with pytest.warns(RuntimeWarning, match="self-check failed for backend 'hip_gfx950' variant 'occ2'") as record:
         assert not selfcheck.verified("hip_gfx950", counted, _plan(kv_format, "occ2"), "cpu")
     assert len(record) == 1
+    calls = counted.calls
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # the remembered verdict: no second warning, no second run
         assert not selfcheck.verified("hip_gfx950", counted, _plan(kv_format, "occ2"), "cpu")
-    assert counted.calls == 1
+    assert counted.calls == calls == 1   # the first failing run ends the check
+
+
+def merge_only_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len)
+    if plan.num_splits > 1:
+        out.mul_(0.5)   # a merge that forgets to normalise by the summed weights
+
+
+@pytest.mark.parametrize("plan_splits", [1, 16])
+def test_both_split_paths_are_checked_whatever_the_plan_says(plan_splits):
+    counted = Counting(merge_only_bug_kernel)
+    with pytest.warns(RuntimeWarning, match="split"):
+        assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", plan_splits), "cpu")
+    assert counted.calls == 2
 
 
 def test_verdicts_are_per_variant_and_format():

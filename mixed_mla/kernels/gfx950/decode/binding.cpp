@@ -48,6 +48,11 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
     TORCH_CHECK(partial_lse.scalar_type() == at::kFloat && partial_lse.is_contiguous() &&
                 partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "partial_lse too small");
   }
+  // the kernels move q, kv and out in 16-byte vectors: every row and head must start 16-byte aligned
+  auto aligned16 = [](const torch::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  TORCH_CHECK(aligned16(q) && aligned16(out) && aligned16(kv) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 &&
+              out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0, "q, kv and out must be 16-byte aligned, with row "
+              "and head strides that are multiples of 8 elements");
   if (q.size(0) == 0) return;
 
   mla_gfx950::DecodeParams p{};
