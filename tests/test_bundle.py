@@ -18,8 +18,8 @@ _spec.loader.exec_module(bundle)
 
 
 def test_committed_submission_is_a_fresh_bundle():
-    assert (ROOT / "submission.py").read_text() == bundle.bundle_text(), \
-        "submission.py is stale: run `python tools/bundle.py` and commit it"
+    problem = bundle.staleness(ROOT / "submission.py", bundle.bundle_text())
+    assert problem is None, problem
 
 
 def test_header_lines_come_first():

@@ -39,19 +39,19 @@ def layouts(draw):
 def _poisoned(cache, kv_format):
     """The cache with _POISON_ROWS NaN rows appended (rows no segment may read)."""
     if kv_format == "bf16":
-        return torch.cat([cache, torch.full_like(cache[:_POISON_ROWS], float("nan"))])
+        return torch.cat([cache, torch.full((_POISON_ROWS, *cache.shape[1:]), float("nan"), dtype=cache.dtype,
+                                            device=cache.device)])
     if kv_format == "fp8":
         data, scale = cache
-        nan_rows = torch.full_like(formats.as_uint8(data[:1]), _FP8_NAN).expand(_POISON_ROWS, -1, -1)
-        return torch.cat([data, nan_rows.view(data.dtype)]), scale
-    packed, scales = cache
+        nan_rows = torch.full((_POISON_ROWS, *data.shape[1:]), _FP8_NAN, dtype=torch.uint8, device=data.device)
+        return torch.cat([formats.as_uint8(data), nan_rows]).view(data.dtype), scale
+    packed, scales = cache  # e2m1 has no NaN: poison the rows' e8m0 scales instead
     rows = packed.shape[0]
     new_scales = torch.full(formats.mxfp4_scale_shape(rows + _POISON_ROWS), _E8M0_NAN, dtype=torch.uint8,
                             device=packed.device)
     new_scales[:rows] = formats.as_uint8(scales)[:rows]
-    new_packed = torch.cat([formats.as_uint8(packed), torch.zeros_like(formats.as_uint8(packed[:1]))
-                            .expand(_POISON_ROWS, -1, -1)])
-    return new_packed.view(packed.dtype), new_scales.view(scales.dtype)
+    zero_rows = torch.zeros((_POISON_ROWS, *packed.shape[1:]), dtype=torch.uint8, device=packed.device)
+    return torch.cat([formats.as_uint8(packed), zero_rows]).view(packed.dtype), new_scales.view(scales.dtype)
 
 
 @settings(max_examples=40, deadline=None)

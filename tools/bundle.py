@@ -120,6 +120,17 @@ def bundle_text() -> str:
     ])
 
 
+def staleness(path: Path, fresh: str):
+    """None when `path` holds exactly `fresh`, else a one-line explanation."""
+    current = path.read_text() if path.exists() else ""
+    if current == fresh:
+        return None
+    new_lines, old_lines = fresh.splitlines(), current.splitlines()
+    line = next((i for i, (a, b) in enumerate(zip(new_lines, old_lines)) if a != b), min(len(new_lines), len(old_lines)))
+    return (f"{path} is stale (first difference at line {line + 1}): run `python tools/bundle.py` and commit the "
+            f"result")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail when submission.py is not a fresh bundle")
@@ -127,14 +138,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     text = bundle_text()
     if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current == text:
-            return 0
-        fresh, old = text.splitlines(), current.splitlines()
-        line = next((i for i, (a, b) in enumerate(zip(fresh, old)) if a != b), min(len(fresh), len(old)))
-        print(f"{args.output} is stale (first difference at line {line + 1}): run `python tools/bundle.py` and "
-              f"commit the result", file=sys.stderr)
-        return 1
+        problem = staleness(args.output, text)
+        if problem:
+            print(problem, file=sys.stderr)
+        return 1 if problem else 0
     args.output.write_text(text)
     print(f"wrote {args.output} ({len(text) // 1024} KiB)")
     return 0
