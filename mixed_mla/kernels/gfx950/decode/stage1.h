@@ -2,8 +2,10 @@
 //
 // Per 32-token tile, every wave computes the whole score block S^T (tokens x heads) with the fp8 (or fp8 x fp4)
 // scaled MFMA, runs the online softmax on it in log2 units, and accumulates P.V for its own 128 of the 512 value
-// dims with the bf16 MFMA. Recomputing S in each wave costs 10 MFMAs a tile but needs no LDS exchange and no
-// extra barrier; the tile itself reaches LDS once, through direct-to-LDS loads issued 0-2 tiles ahead.
+// dims with the bf16 MFMA. Recomputing S in each wave costs 10 MFMAs and a read of the tile's 18 KiB of K from
+// LDS per wave (4x the tile) but needs no exchange of scores and no extra barrier; whether that LDS traffic or an
+// exchange is cheaper is for an MI355X to measure. The tile reaches LDS once, through direct-to-LDS loads issued
+// 0-2 tiles ahead.
 //
 // Lane roles (n = lane % 16, g = lane / 16):
 //   Q.K:  A = K rows (token n of a 16-token block, K values 32g..32g+31 of the step), B = Q (head n, same K).
