@@ -9,12 +9,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import backends
+from . import backends, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import Plan, device_arch, forced_backend, plan_for
+from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
 from .validate import check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments
 
-_warned_fallbacks = set()  # backend names whose fallback to torch was already reported in this process
+_warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
+# Compiled backends whose first use per (variant, format) in a process is checked against exact attention
+# (selfcheck.py). Not aiter: it is the reference's own library, and its paged routes refuse the check's q_len 4.
+SELF_CHECKED_BACKENDS = ("cuda_sm90", "hip_gfx950")
+SELF_CHECK_FAILED = "it failed its self-check against exact attention"
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
     max_q_len / max_kv_len: the longest segments, launch hints; when either is missing the indptr arrays are read
     on the host (one sync) and checked to start at 0 and not decrease. backend: force one (as MLA_BACKEND does);
-    an unavailable forced backend raises, an unavailable planned one falls back to torch with one warning.
+    a forced backend that cannot serve raises; a planned one routes to the next backend (see _route).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if kv_format is not None:
@@ -76,14 +80,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
         longest_q, longest_kv = longest_segments(qo_host, kv_host)
         max_q_len = longest_q if max_q_len is None else max_q_len
         max_kv_len = longest_kv if max_kv_len is None else max_kv_len
-    arch = device_arch(device)
-    chosen = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
-    forced = backend is not None or forced_backend() is not None
-    module = _usable_backend(chosen, device, num_heads, forced)
-    if module is None:  # the torch backend reads every format; re-planned so kv_format=None gets its fastest
-        fallback = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, "torch")
-        chosen = replace(fallback, source=fallback.source + "+fallback")
-        module = backends.module("torch")
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
 
 
@@ -101,17 +98,49 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
-def _usable_backend(chosen: Plan, device, num_heads: int, forced: bool):
-    """The module for chosen.backend, or None when the planned (not forced) backend cannot serve this decode."""
-    reason = backends.unavailable_reason(chosen.backend, str(device))
-    if reason is None and not backends.supports(chosen.backend, chosen.kv_format, num_heads):
-        reason = f"backend {chosen.backend!r} does not support kv_format {chosen.kv_format} with {num_heads} heads"
-    if reason is None:
-        return backends.module(chosen.backend)
-    if forced:
-        raise RuntimeError(f"the requested backend {chosen.backend!r} cannot run here: {reason}")
-    if chosen.backend not in _warned_fallbacks:
-        _warned_fallbacks.add(chosen.backend)
-        warnings.warn(f"mixed_mla: falling back to the torch backend (slow) because {reason}", RuntimeWarning,
-                      stacklevel=3)
-    return None
+def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
+    """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
+
+    Order after the planned one: the arch's other compiled backends (planner.ARCH_BACKENDS), then torch, each
+    re-planned for itself (so kv_format=None gets that backend's fastest format). A forced backend (argument or
+    MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
+    """
+    arch = device_arch(device)
+    chosen = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
+    problem = _problem(chosen, device, num_heads)
+    if problem is None:
+        return chosen, backends.module(chosen.backend)
+    if backend is not None or forced_backend() is not None:
+        raise RuntimeError(f"the requested backend {chosen.backend!r} cannot run here: {problem}")
+    _warn_once(chosen.backend, problem)
+    for alternative in ARCH_BACKENDS.get(arch, ()) + ("torch",):
+        if alternative == chosen.backend:
+            continue
+        try:
+            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative)
+        except ValueError:  # this backend cannot read the format asked for
+            continue
+        alternative_problem = _problem(plan, device, num_heads)
+        if alternative_problem is None:
+            return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
+        _warn_once(alternative, alternative_problem)
+    raise RuntimeError(f"no backend can run this decode on {device}: {problem}")  # torch always can: a bug
+
+
+def _problem(plan: Plan, device, num_heads: int):
+    """None when plan.backend can serve this decode, else why not."""
+    reason = backends.unavailable_reason(plan.backend, str(device))
+    if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
+        reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
+    if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
+        if not selfcheck.verified(plan.backend, backends.module(plan.backend).run, plan, device):
+            reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
+    return reason
+
+
+def _warn_once(backend_name: str, reason: str) -> None:
+    if reason == SELF_CHECK_FAILED or backend_name in _warned_fallbacks:
+        return
+    _warned_fallbacks.add(backend_name)
+    warnings.warn(f"mixed_mla: not using backend {backend_name!r} (routing to the next backend; torch is the slow "
+                  f"last resort) because {reason}", RuntimeWarning, stacklevel=4)

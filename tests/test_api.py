@@ -14,8 +14,6 @@ def clean_state(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(api, "_warned_fallbacks", set())
     backends.unavailable_reason.cache_clear()
-    yield
-    backends.unavailable_reason.cache_clear()
 
 
 def _error(out, case, kv_format, cache, sm_scale=DEFAULT_SM_SCALE):
@@ -85,7 +83,7 @@ def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case)
 def test_an_unavailable_planned_backend_falls_back_to_torch_with_one_warning(make_case, monkeypatch):
     monkeypatch.setattr(api, "device_arch", lambda device: "sm90")   # plans cuda_sm90, which cannot run on a CPU
     case = make_case([1], [64])
-    with pytest.warns(RuntimeWarning, match="falling back to the torch backend .slow. because") as caught:
+    with pytest.warns(RuntimeWarning, match="not using backend 'cuda_sm90' .* because cuda_sm90 needs") as caught:
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
     assert len(caught) == 1
     assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
@@ -99,6 +97,7 @@ def test_an_unavailable_planned_backend_falls_back_to_torch_with_one_warning(mak
 def test_an_import_failure_is_reported_with_its_exception_text(monkeypatch):
     monkeypatch.setitem(backends._MODULES, "cuda_sm90", "no_such_backend_module")
     reason = backends.unavailable_reason("cuda_sm90", "cpu")
+    backends.unavailable_reason.cache_clear()   # do not leave the fake reason to later tests
     assert "failed to import: ModuleNotFoundError" in reason and "no_such_backend_module" in reason
 
 
@@ -127,3 +126,53 @@ def test_the_planned_backend_of_this_machine_is_usable(make_case):
     for kv_format in ("bf16", "fp8", "mxfp4"):
         backend = planner.plan_for(arch, 4, 1, 1024, 16, kv_format).backend
         assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)
+
+
+class _FakeBackend:
+    """A compiled backend stand-in for routing tests on a CPU: runs the torch backend, or writes garbage."""
+
+    def __init__(self, wrong=False):
+        self.wrong = wrong
+
+    def run(self, q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+        backends.module("torch").run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len)
+        if self.wrong:
+            out.mul_(0.5)
+
+
+def _fake_gfx950(monkeypatch, hip, aiter):
+    """Pretend this CPU is a gfx950 whose backends are `hip` / `aiter` (a _FakeBackend, or a reason string)."""
+    from mixed_mla import selfcheck
+    fakes = {"hip_gfx950": hip, "aiter": aiter}
+    real_module = backends.module
+    monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(selfcheck, "_results", {})
+    monkeypatch.setattr(backends, "module", lambda name: fakes[name] if name in fakes else real_module(name))
+    monkeypatch.setattr(backends, "unavailable_reason",
+                        lambda name, device: fakes[name] if isinstance(fakes.get(name), str) else None)
+
+
+def test_an_unavailable_backend_routes_to_the_next_one_of_the_arch(make_case, monkeypatch):
+    _fake_gfx950(monkeypatch, hip="no ROCm build here", aiter=_FakeBackend())
+    case = make_case([1, 1], [100, 50])
+    with pytest.warns(RuntimeWarning, match="not using backend 'hip_gfx950' .* because no ROCm build here"):
+        planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
+    assert (planned.plan.backend, planned.kv_format, planned.plan.source) == ("aiter", "fp8", "heuristic+fallback")
+
+
+def test_a_backend_failing_its_self_check_routes_to_the_next_one(make_case, monkeypatch):
+    _fake_gfx950(monkeypatch, hip=_FakeBackend(wrong=True), aiter=_FakeBackend())
+    case = make_case([1, 1], [100, 50])
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'hip_gfx950'") as caught:
+        planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
+    assert len(caught) == 1 and planned.plan.backend == "aiter"       # selfcheck's warning only, not a second
+    _fake_gfx950(monkeypatch, hip=_FakeBackend(), aiter=_FakeBackend())
+    assert api.plan(case.qo_indptr, case.kv_indptr, num_heads=16).plan.backend == "hip_gfx950"
+
+
+def test_mxfp4_without_a_working_hip_backend_goes_to_torch_not_aiter(make_case, monkeypatch):
+    _fake_gfx950(monkeypatch, hip="no ROCm build here", aiter=_FakeBackend())
+    case = make_case([1], [10])
+    with pytest.warns(RuntimeWarning):
+        planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="mxfp4")
+    assert (planned.plan.backend, planned.kv_format) == ("torch", "mxfp4")
