@@ -217,3 +217,23 @@ def test_the_emulator_catches_a_missing_load_wait(tmp_path):
     error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4)
     assert not error
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND["fp8"]
+
+
+@st.composite
+def small_layouts(draw):
+    q_lens = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=2)))
+    kv_lens = tuple(draw(st.lists(st.integers(0, 100), min_size=len(q_lens), max_size=len(q_lens))))
+    return Layout(q_lens, kv_lens, num_heads=draw(st.sampled_from([16, 32, 64, 128])),
+                  num_splits=draw(st.sampled_from([1, 2, 5])), seed=draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=4, deadline=None)
+@given(layout=small_layouts(), kv_format=st.sampled_from(["fp8", "mxfp4"]), occupancy=st.sampled_from([2, 3, 4]))
+def test_kernel_source_on_cpu_lanes_on_random_layouts(lane_emulator, layout, kv_format, occupancy):
+    # every head count (4 and 8 head groups too), q_len 0-4, splits beyond the tiles
+    q, cache, qo, kvp = _inputs(layout, kv_format)
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, layout.num_splits, occupancy)
+    assert not error
+    twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
+    assert exact.relative_l2(out, twin) < 1e-3
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
