@@ -29,8 +29,8 @@ class DecodePlan:
     device: torch.device
     num_heads: int
     batch: int
-    max_q_len: int         # launch hints only: correctness never depends on them (DESIGN.md)
-    max_kv_len: int
+    max_q_len: int         # bounds every segment's query count (DESIGN.md)
+    max_kv_len: int        # a launch hint only
 
     @property
     def kv_format(self) -> str:
@@ -45,6 +45,10 @@ class DecodePlan:
         if validate:
             qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
             check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
+            longest_q = longest_segments(qo_host, kv_host)[0]
+            if longest_q > self.max_q_len:
+                raise ValueError(f"a segment has {longest_q} queries but this plan bounds them at {self.max_q_len}: "
+                                 f"plan again")
         if out is None:
             out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
         self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale)
@@ -61,11 +65,13 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
-    max_q_len / max_kv_len: the longest segments, launch hints; when either is missing the indptr arrays are read
-    on the host (one sync) and checked to start at 0 and not decrease. backend: force one (as MLA_BACKEND does);
+    max_q_len / max_kv_len: the longest segments (max_q_len must bound every segment; max_kv_len is a hint); when
+    either is missing the indptr arrays are read on the host (one sync) and checked to start at 0 and not decrease. backend: force one (as MLA_BACKEND does);
     a forced backend that cannot serve raises; a planned one routes to the next backend (see _route).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
+    if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
+        device = torch.device("cuda", torch.cuda.current_device())
     if kv_format is not None:
         check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:

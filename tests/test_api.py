@@ -57,8 +57,8 @@ def test_out_is_written_when_given_and_new_otherwise(make_case):
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
 def test_one_plan_two_calls_new_data_and_new_lengths(make_case, kv_format):
     """A plan made for one layout, run on new data with new lengths: both results right, neither aliased."""
-    first = make_case([1, 1, 1], [512, 512, 512], seed=1)
-    second = make_case([2, 0, 1], [3, 900, 1], seed=2)     # same batch size, same total_q, other lengths
+    first = make_case([2, 2, 2], [512, 512, 512], seed=1)
+    second = make_case([1, 2, 0], [3, 900, 1], seed=2)     # same batch size, other lengths within max_q_len 2
     planned = api.plan(first.qo_indptr, first.kv_indptr, num_heads=16, kv_format=kv_format)
     cache_1, cache_2 = first.cache(kv_format), second.cache(kv_format)
     out_1 = planned.run(first.q, cache_1, first.qo_indptr, first.kv_indptr)
@@ -76,6 +76,9 @@ def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case)
     other = make_case([1, 1, 1], [5, 5, 5])
     with pytest.raises(ValueError, match="this plan is for batch 2, 16 heads on cpu; got batch 3"):
         planned.run(other.q, other.kv_bf16, other.qo_indptr, other.kv_indptr)
+    longer = make_case([4, 0], [5, 70])
+    with pytest.raises(ValueError, match="a segment has 4 queries but this plan bounds them at 3: plan again"):
+        planned.run(longer.q, longer.kv_bf16, longer.qo_indptr, longer.kv_indptr, validate=True)
     with pytest.raises(ValueError, match="must be non-decreasing"):
         api.plan(torch.tensor([0, 2, 1], dtype=torch.int32), case.kv_indptr, num_heads=16)
 
