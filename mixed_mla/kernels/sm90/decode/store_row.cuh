@@ -1,0 +1,47 @@
+// The end of a row: normalised output of the two head rows a thread holds (8 consecutive dims per 32-dim group),
+// as bf16 to `out` when the row is not split, else fp32 partials and the log2-domain LSE for the merge.
+#pragma once
+#include <math.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "params.h"
+#include "ptx.cuh"
+
+namespace mla_sm90 {
+
+__device__ __forceinline__ void store_row(const DecodeParams& p, int row, int head0, int split, int warp, int g,
+                                          int t, const float m[2], const float l[2],
+                                          const float o[kVTilesPerWarp][4], float v_scale) {
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int head = head0 + g + 8 * hr;
+    const float inv = l[hr] > 0.f ? v_scale / l[hr] : 0.f;
+#pragma unroll
+    for (int G = 0; G < kVGroups; ++G) {
+      float v[8];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        v[r] = o[4 * G + r][2 * hr] * inv;
+        v[4 + r] = o[4 * G + r][2 * hr + 1] * inv;
+      }
+      const int dim = warp * kDimsPerWarpV + G * 32 + 8 * t;
+      if (p.num_splits == 1) {
+        uint4 packed;
+        packed.x = pack_bf16x2(v[0], v[1]);
+        packed.y = pack_bf16x2(v[2], v[3]);
+        packed.z = pack_bf16x2(v[4], v[5]);
+        packed.w = pack_bf16x2(v[6], v[7]);
+        *reinterpret_cast<uint4*>(p.out + row * p.out_row_stride + head * p.out_head_stride + dim) = packed;
+      } else {
+        const int64_t slot = ((int64_t)row * p.num_heads + head) * p.num_splits + split;
+        float4* dst = reinterpret_cast<float4*>(p.partial_out + slot * kHeadDimV + dim);
+        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+        if (warp == 0 && t == 0 && G == 0) p.partial_lse[slot] = l[hr] > 0.f ? m[hr] + log2f(l[hr]) : -INFINITY;
+      }
+    }
+  }
+}
+
+}  // namespace mla_sm90
