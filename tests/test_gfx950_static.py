@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from mixed_mla.backends import hip_gfx950
+from mixed_mla.planner import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("gfx950_report", ROOT / "tools/gfx950_report.py")
@@ -91,3 +93,41 @@ def test_the_host_check_catches_a_broken_launcher(tmp_path):
     work.mkdir()
     result = gfx950_report.check_host_code(src, work, binding=False)["launch.hip"]
     assert result != "ok" and "hipGetLastErrors" in result
+
+
+class _Props:
+    def __init__(self, arch):
+        self.gcnArchName = f"{arch}:sramecc+:xnack-"
+
+
+@pytest.fixture
+def fake_rocm(monkeypatch):
+    """A ROCm torch with one GPU of the given arch, as far as `available` can tell."""
+    def make(arch):
+        monkeypatch.setattr(torch.version, "hip", "7.1", raising=False)
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _Props(arch))
+    return make
+
+
+def test_available_says_why_not(fake_rocm, monkeypatch):
+    assert "ROCm" in hip_gfx950.available(torch.device("cpu"))
+    fake_rocm("gfx942")
+    assert hip_gfx950.available(torch.device("cuda", 0)) == hip_gfx950.GFX942_REASON
+    fake_rocm("gfx1100")
+    assert "gfx1100" in hip_gfx950.available(torch.device("cuda", 0))
+    fake_rocm("gfx950")
+
+    def broken_build():
+        raise RuntimeError("hipcc: error: unknown target gfx950")
+    monkeypatch.setattr(hip_gfx950, "_module", broken_build)
+    assert "failed to build: RuntimeError: hipcc" in hip_gfx950.available(torch.device("cuda", 0))
+
+
+def test_run_refuses_what_the_kernels_do_not_read():
+    assert hip_gfx950.supports("fp8", 128) and hip_gfx950.supports("mxfp4", 16)
+    assert not hip_gfx950.supports("bf16", 16) and not hip_gfx950.supports("fp8", 8)
+    plan = Plan(backend="hip_gfx950", kv_format="fp8", num_splits=1, variant="occ5")
+    with pytest.raises(ValueError, match="bf16"):
+        hip_gfx950.run(None, None, "bf16", None, None, None, plan, 1.0, 1)
+    with pytest.raises(ValueError, match="occ5"):
+        hip_gfx950.run(None, (None, None), "fp8", None, None, None, plan, 1.0, 1)
