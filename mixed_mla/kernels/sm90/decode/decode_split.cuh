@@ -8,8 +8,9 @@
 //               identical max and sum in every warp), so no second exchange is needed.
 //   O = P.V   : warp w owns output dims [128w, 128w + 128); P comes straight from the score registers.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
-// exponent). fp8 runs Q.K as e4m3 mma on the cache bytes with Q split hi + lo (qk_operands.cuh) and P.V as f16 mma
-// (e4m3 is exact in f16, P in f16). No input is rounded beyond bf16 precision.
+// exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
+// power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
+// Cost model and measurements: NOTES_sm90.md (at 16 heads the F2FP conversions, not the MMAs, set the pace).
 #pragma once
 #include <math.h>
 #include <stdint.h>
