@@ -52,27 +52,38 @@ def mxfp4_scale_shape(num_rows: int):
     return padded_rows, MXFP4_SCALE_COLS
 
 
+# Rows encoded per step: the float32 and int64 temporaries of one step stay ~200 MB, so the problem's largest
+# cache (2M rows) quantises inside a 24 GiB machine instead of needing ~28 GB at once.
+_MXFP4_ROWS_PER_STEP = 1 << 15
+
+
+def _encode_mxfp4_rows(x: torch.Tensor):
+    """float32 (n, 18, 32) -> packed codes (n, 288) uint8 and biased block exponents (n, 18) uint8."""
+    amax_bits = x.abs().amax(dim=-1, keepdim=True).view(torch.int32)
+    snapped = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK).view(torch.float32)
+    exponent = (torch.log2(snapped).floor() - _E2M1_MAX_EXPONENT).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
+    scaled = x * torch.exp2(-exponent)
+    midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32, device=x.device)
+    magnitude_code = torch.bucketize(scaled.abs(), midpoints, right=True).to(torch.uint8)
+    codes = (magnitude_code | (torch.signbit(scaled).to(torch.uint8) << 3)).reshape(x.shape[0], QK_HEAD_DIM)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    return packed, (exponent.reshape(x.shape[0], MXFP4_BLOCKS_PER_ROW) + E8M0_BIAS).to(torch.uint8)
+
+
 def quantize_mxfp4(kv: torch.Tensor):
     """MXFP4 of (N, 1, 576) rows: packed (N, 1, 288) codes and a padded (ceil(N/256)*256, 24) scale tensor.
 
     The scale padding is left uninitialised, as in the generator: consumers must read only [:N, :18].
     """
     n = kv.shape[0]
-    x = kv.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK).to(torch.float32)
-    amax_bits = x.abs().amax(dim=-1, keepdim=True).view(torch.int32)
-    snapped = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK).view(torch.float32)
-    exponent = (torch.log2(snapped).floor() - _E2M1_MAX_EXPONENT).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
-    scaled = x * torch.exp2(-exponent)
-
-    midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32, device=kv.device)
-    magnitude_code = torch.bucketize(scaled.abs(), midpoints, right=True).to(torch.uint8)
-    codes = magnitude_code | (torch.signbit(scaled).to(torch.uint8) << 3)
-    codes = codes.reshape(n, QK_HEAD_DIM)
-    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).reshape(n, 1, MXFP4_PACKED_ROW_BYTES)
-
+    rows = kv.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK)
+    packed = torch.empty(n, MXFP4_PACKED_ROW_BYTES, dtype=torch.uint8, device=kv.device)
     scales = torch.empty(mxfp4_scale_shape(n), dtype=torch.uint8, device=kv.device)
-    scales[:n, :MXFP4_BLOCKS_PER_ROW] = (exponent.reshape(n, MXFP4_BLOCKS_PER_ROW) + E8M0_BIAS).to(torch.uint8)
-    return packed.view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
+    for start in range(0, n, _MXFP4_ROWS_PER_STEP):
+        stop = min(start + _MXFP4_ROWS_PER_STEP, n)
+        packed[start:stop], scales[start:stop, :MXFP4_BLOCKS_PER_ROW] = _encode_mxfp4_rows(
+            rows[start:stop].to(torch.float32))
+    return packed.reshape(n, 1, MXFP4_PACKED_ROW_BYTES).view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
 
 
 def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ SUBMISSION = ROOT / "submission.py"
 HEADER = "#!POPCORN leaderboard amd-mixed-mla\n#!POPCORN gpu MI355X\n"
 
 sys.path.insert(0, str(ROOT))
-from mixed_mla.kernels import _SOURCE_SUFFIXES as KERNEL_SUFFIXES  # noqa: E402  (the one list of them)
+from mixed_mla.kernels import SOURCE_SUFFIXES as KERNEL_SUFFIXES  # noqa: E402  (the one list of them)
 
 _IMPORTER = '''
 import importlib.abc

@@ -13,14 +13,14 @@ from pathlib import Path
 _EMBEDDED: dict = {}
 
 _HERE = Path(__file__).resolve().parent
-_SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hip", ".cpp")
+SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hip", ".cpp")
 
 
 def _all_sources() -> dict:
     if _EMBEDDED:
         return dict(_EMBEDDED)
     return {p.relative_to(_HERE).as_posix(): p.read_text()
-            for p in sorted(_HERE.rglob("*")) if p.suffix in _SOURCE_SUFFIXES}
+            for p in sorted(_HERE.rglob("*")) if p.suffix in SOURCE_SUFFIXES}
 
 
 def read(relpath: str) -> str:
