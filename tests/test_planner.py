@@ -38,7 +38,7 @@ def test_cpu_plans_the_torch_backend_on_bf16():
 
 
 def test_device_defaults():
-    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "mxfp4", 4)
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "fp8", 4)
     assert plan_for("gfx950", 4, 1, 1024, 16) == Plan("hip_gfx950", "fp8", 4, "occ3")
     assert plan_for("gfx950", 4, 1, 1024, 16, "mxfp4").backend == "hip_gfx950"
     assert plan_for("gfx950", 4, 1, 1024, 16, "bf16").backend == "aiter"      # the HIP kernels read fp8/mxfp4
