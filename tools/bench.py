@@ -248,10 +248,22 @@ def run(args, extra_implementations=()) -> dict:
         (out_dir / "results.json").write_text(json.dumps(results, indent=1))
         table = report.markdown(results)
         (out_dir / "table.md").write_text(table)
-    if any(r["group"] == "sweep" and r["status"] == "ok" for r in results["records"]):
-        report.plot(results, out_dir / "sweep.png")
+    write_plot(results, out_dir)
     print(table)
     return results
+
+
+def write_plot(results, out_dir) -> None:
+    if any(r["group"] == "sweep" and r["status"] == "ok" for r in results["records"]):
+        report.plot(results, Path(out_dir) / "sweep.png")
+
+
+def rewrite_reports(results_path, out_dir) -> None:
+    """table.md and sweep.png again from a saved results.json (a report change costs no device time)."""
+    results = json.loads(Path(results_path).read_text())
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "table.md").write_text(report.markdown(results))
+    write_plot(results, out_dir)
 
 
 def parse_backends(text):
@@ -274,8 +286,14 @@ def build_parser():
     parser.add_argument("--min-reps", type=int, default=5)
     parser.add_argument("--max-reps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=4217)
+    parser.add_argument("--from-results", metavar="RESULTS_JSON",
+                        help="measure nothing: rewrite table.md and sweep.png in --out from this results.json")
     return parser
 
 
 if __name__ == "__main__":
-    run(build_parser().parse_args())
+    parsed = build_parser().parse_args()
+    if parsed.from_results:
+        rewrite_reports(parsed.from_results, parsed.out)
+    else:
+        run(parsed)

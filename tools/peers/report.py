@@ -158,6 +158,7 @@ def plot(results, path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     env, ok = results["environment"], _ok(results["records"], "sweep")
     batches = sorted({r["batch"] for r in ok})
@@ -182,6 +183,7 @@ def plot(results, path) -> None:
         panel.set(xscale="log", yscale="log", title=f"batch {batch}", xlabel="kv length (tokens)",
                   ylabel="kernel time (µs)")
         panel.set_xticks(kv_lens, [str(kv) for kv in kv_lens])
+        panel.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())  # log-axis minor labels collide
         panel.grid(True, which="major", alpha=0.3)
     for panel in list(axes.flat)[len(batches):]:
         panel.set_visible(False)
