@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Release check of the bundled submission on the H200, in one device call:
+#   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
+#   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
+#   cases, and compute-sanitizer memcheck on the garbage-indptr test. Writes everything under $1 (the device's $OUT).
+set -uo pipefail
+out=$1
+root=$(pwd)
+export PYTHONUNBUFFERED=1
+log="$out/run.log"
+step() {  # step NAME TIMEOUT CMD...: run, record the exit code in the log
+  local name=$1 limit=$2; shift 2
+  echo "== $name" >>"$log"
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  echo "rc=$? ($name)" >>"$log"
+}
+{
+  echo "commit: $(cat bench/results/release/COMMIT 2>/dev/null || echo unknown)"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+} >"$log" 2>&1
+
+step pytest_gpu 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_properties.py \
+  tests/test_entry.py tests/test_api.py tests/test_harness.py
+POPCORN_FD=3 step eval_test_popcorn 50 python3 eval.py test tests.txt 3>"$out/eval_test_keys.txt"
+step eval_benchmark 150 python3 eval.py benchmark benchmarks.txt
+
+lb=/tmp/leaderboard_run
+mkdir -p "$lb" && cp task.py utils.py reference.py submission.py "$lb/" && cp .leaderboard/eval.py "$lb/"
+echo "== leaderboard eval.py (reference-kernels $(cat .leaderboard/COMMIT)) test tests.txt" >>"$log"
+(cd "$lb" && PYTHONPATH="$root" POPCORN_FD=3 timeout 50 python3 eval.py test "$root/tests.txt" \
+  3>"$out/leaderboard_test_keys.txt" >"$out/leaderboard_test.txt" 2>&1)
+echo "rc=$? (leaderboard_test)" >>"$log"
+
+step memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py -k "garbage or short_max_q_len"
+tail -n 3 "$out"/pytest_gpu.txt "$out"/memcheck.txt >>"$log"
+cat "$out/eval_benchmark.txt" >>"$log"
+cat "$log"
