@@ -126,7 +126,10 @@ def test_ref_kernel_uniform_chunked_and_per_segment_paths_agree(monkeypatch):
     data = small_input(batch=5, q_len=2, kv_len=64)
     whole = reference.ref_kernel(data)
     monkeypatch.setattr(reference, "EMULATION_CHUNK_ELEMENTS", 2 * 64 * QK_HEAD_DIM)   # 3 chunks of 2, 2, 1
-    torch.testing.assert_close(reference.ref_kernel(data), whole, rtol=0, atol=0)
+    # bit-identical on a CPU; a GPU's batched matmul may pick another algorithm for another batch count, which
+    # moves a few outputs by one bf16 step (seen on the H200: 10 of 81920 elements, 0.0039 at magnitude ~0.5)
+    bf16_step = 2.0 ** -7 if whole.is_cuda else 0.0   # one bf16 step is at most 2^-7 of the value
+    torch.testing.assert_close(reference.ref_kernel(data), whole, rtol=bf16_step, atol=0)
     # an empty trailing segment makes the layout non-uniform: the per-segment path must agree
     qo, kv = data[2].tolist(), data[3].tolist()
     varlen = reference.ref_kernel(with_layout(data, qo + [qo[-1]], kv + [kv[-1]]))
