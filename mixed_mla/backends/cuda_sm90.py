@@ -18,7 +18,7 @@ import functools
 import torch
 
 from ..constants import HEAD_GROUP, V_HEAD_DIM
-from ..kernels import materialize, read
+from ..kernels import jit_build
 
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
@@ -52,17 +52,8 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    from torch.utils.cpp_extension import load_inline
-    include_dir = materialize(KERNEL_DIR)   # named by the sources' content hash: a changed kernel rebuilds
-    return load_inline(
-        name=f"mixed_mla_sm90_{include_dir.name.rsplit('-', 1)[-1]}",
-        cpp_sources=[read(f"{KERNEL_DIR}/binding.cpp")],
-        cuda_sources=[read(f"{KERNEL_DIR}/decode.cu")],
-        functions=["forward"],
-        extra_include_paths=[str(include_dir)],
-        extra_cuda_cflags=ARCH_FLAGS + ["-O3", "-std=c++17"],
-        no_implicit_headers=True,
-    )
+    # the .cu files carry no torch header: only binding.cpp pays for torch's headers
+    return jit_build(KERNEL_DIR, ("decode.cu",), ARCH_FLAGS, no_implicit_headers=True)
 
 
 def splits_for(requested: int, total_q: int, num_heads: int) -> int:

@@ -19,7 +19,7 @@ import torch
 
 from ..constants import HEAD_GROUP, QK_HEAD_DIM, V_HEAD_DIM
 from ..formats import as_uint8
-from ..kernels import materialize, read
+from ..kernels import jit_build
 
 FORMATS = ("fp8", "mxfp4")
 OCCUPANCY = {"occ2": 2, "occ3": 3, "occ4": 4}   # Plan.variant -> workgroups per CU (config.h)
@@ -58,16 +58,7 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    from torch.utils.cpp_extension import load_inline
-    include_dir = materialize(KERNEL_DIR)   # named by the sources' content hash: a changed kernel rebuilds
-    return load_inline(
-        name=f"mixed_mla_{ARCH}_{include_dir.name.rsplit('-', 1)[-1]}",
-        cpp_sources=[read(f"{KERNEL_DIR}/binding.cpp")],
-        cuda_sources=[read(f"{KERNEL_DIR}/{name}") for name in KERNEL_FILES],
-        functions=["forward"],
-        extra_include_paths=[str(include_dir)],
-        extra_cuda_cflags=[f"--offload-arch={ARCH}", "-O3", "-std=c++17"],
-    )
+    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"])
 
 
 def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):

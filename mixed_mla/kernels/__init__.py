@@ -2,7 +2,7 @@
 
 Device code lives in real .cu/.hip files so compilers can check them standalone; the backends get the text
 through `read` (one file) or `materialize` (a directory on disk for #include), which work the same whether the
-package was imported from the repository or from the single-file submission.
+package was imported from the repository or from the single-file submission, and build it with `jit_build`.
 """
 import hashlib
 import os
@@ -56,3 +56,22 @@ def materialize(subdir: str) -> Path:
         except OSError:  # another process won the race; its copy has the same content
             pass
     return target
+
+
+def jit_build(kernel_dir: str, cuda_files, cuda_flags, **load_inline_args):
+    """Build `kernel_dir`'s binding.cpp (exporting `forward`) with its device files through torch's load_inline.
+
+    The module name carries the sources' content hash, so a changed kernel rebuilds instead of loading a stale
+    extension from torch's build cache; the directory from `materialize` serves the files' #includes.
+    """
+    from torch.utils.cpp_extension import load_inline
+    include_dir = materialize(kernel_dir)
+    return load_inline(
+        name=f"mixed_mla_{kernel_dir.replace('/', '_')}_{include_dir.name.rsplit('-', 1)[-1]}",
+        cpp_sources=[read(f"{kernel_dir}/binding.cpp")],
+        cuda_sources=[read(f"{kernel_dir}/{name}") for name in cuda_files],
+        functions=["forward"],
+        extra_include_paths=[str(include_dir)],
+        extra_cuda_cflags=list(cuda_flags) + ["-O3", "-std=c++17"],
+        **load_inline_args,
+    )
