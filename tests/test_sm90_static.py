@@ -24,9 +24,10 @@ ptxas info    : Used {regs} registers, used 1 barriers
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
-def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm():
+def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm(capsys):
     result = subprocess.run([sys.executable, str(ROOT / "tools" / "sm90_report.py")], capture_output=True, text=True)
-    print(result.stdout, result.stderr)
+    with capsys.disabled():   # the resource report belongs in the CI log, pass or fail
+        print("\n" + result.stdout, result.stderr)
     assert result.returncode == 0, result.stdout + result.stderr
     for fmt in ("bf16", "fp8", "mxfp4"):
         assert f"decode_split_kernel<{fmt}>" in result.stdout
