@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -253,6 +254,9 @@ def table_text(table: dict) -> str:
 
 
 def git_commit() -> str:
+    """The measured commit: MLA_COMMIT when set (a GPU machine that gets the tree without .git), else git's."""
+    if os.environ.get("MLA_COMMIT"):
+        return os.environ["MLA_COMMIT"]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                                 check=True).stdout.strip()

@@ -14,12 +14,11 @@ import argparse
 import datetime
 import json
 import math
-import os
 import platform
 import subprocess
 import sys
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -33,6 +32,7 @@ from mixed_mla.exact import STRICT_BOUND, exact_attention, relative_l2  # noqa: 
 from tools.peers import flashinfer_mla, floor, mixed_mla_api, report, torch_plain  # noqa: E402
 from tools.peers.inputs import Shape, make_inputs  # noqa: E402
 from tools.peers.timing import Timer  # noqa: E402
+from tools.autotune import git_commit  # noqa: E402
 
 # The problem's 8 benchmark cases (PROBLEM.md), q_len 1, 16 heads.
 BENCHMARK_SHAPES = tuple(Shape(b, kv) for b, kv in ((4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024),
@@ -172,7 +172,7 @@ def _record(shape, group, impl, status, **fields) -> dict:
 
 def environment(device, bytes_per_s) -> dict:
     env = {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "commit": os.environ.get("BENCH_COMMIT") or _git_commit(), "python": platform.python_version(),
+           "commit": git_commit(), "python": platform.python_version(),
            "torch": torch.__version__, "cuda": torch.version.cuda, "device": str(device),
            "flashinfer": flashinfer_mla.version(), "copy_bandwidth_TBps": round(bytes_per_s / 1e12, 3),
            "reference_bandwidth_TBps": floor.H200_MEASURED_TBPS}
@@ -183,14 +183,6 @@ def environment(device, bytes_per_s) -> dict:
     else:
         env.update(gpu="none (CPU)", cpu=platform.processor() or platform.machine())
     return env
-
-
-def _git_commit():
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git; set BENCH_COMMIT)"
 
 
 def _nvidia_smi(field):

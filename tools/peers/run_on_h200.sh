@@ -4,7 +4,7 @@
 # use), then the benchmark. Arguments go to tools/bench.py; AUTOTUNE_ARGS to the autotuner, bounded by
 # AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs,
 # h200.json) go to $OUT.
-#   OUT=bench/results/h200 BENCH_COMMIT=$(git rev-parse --short HEAD) bash tools/peers/run_on_h200.sh
+#   OUT=bench/results/h200 MLA_COMMIT=$(git rev-parse --short HEAD) bash tools/peers/run_on_h200.sh
 set -uo pipefail
 OUT=${OUT:-bench/results/h200}
 STAGE=.whl/flashinfer
