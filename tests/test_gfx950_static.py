@@ -24,7 +24,7 @@ EXPECTED_KERNELS.add("merge_splits")
 
 
 @pytest.fixture(scope="module")
-def report():
+def report(ziglang):
     return gfx950_report.build_report()
 
 
@@ -74,7 +74,7 @@ void stage1_probe_occ4(float* out, const float* in) {
 """
 
 
-def test_the_check_catches_a_spilling_kernel(tmp_path):
+def test_the_check_catches_a_spilling_kernel(tmp_path, ziglang):
     probe = tmp_path / "stage1_probe.hip"
     probe.write_text(SPILLING_KERNEL)
     kernels, error = gfx950_report.compile_file(probe, tmp_path)
@@ -84,7 +84,7 @@ def test_the_check_catches_a_spilling_kernel(tmp_path):
     assert any("no MFMA" in p for p in problems), problems
 
 
-def test_the_host_check_catches_a_broken_launcher(tmp_path):
+def test_the_host_check_catches_a_broken_launcher(tmp_path, ziglang):
     src = tmp_path / "src"
     shutil.copytree(gfx950_report.materialize(gfx950_report.KERNEL_DIR), src)
     launch = src / "launch.hip"

@@ -143,7 +143,7 @@ def _build_emulator(src: Path, out_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def lane_emulator(tmp_path_factory):
+def lane_emulator(tmp_path_factory, ziglang):
     return _build_emulator(materialize("gfx950"), tmp_path_factory.mktemp("gfx950_emulation"))
 
 
@@ -204,7 +204,7 @@ def test_the_emulator_catches_an_out_of_bounds_load(lane_emulator):
     assert "outside the cache tensors" in error
 
 
-def test_the_emulator_catches_a_missing_load_wait(tmp_path):
+def test_the_emulator_catches_a_missing_load_wait(tmp_path, ziglang):
     # the same kernels with the wait before reading a tile disabled: loads still in flight leave stale LDS
     src = tmp_path / "gfx950"
     shutil.copytree(materialize("gfx950"), src)
