@@ -66,8 +66,9 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
     max_q_len / max_kv_len: the longest segments (max_q_len must bound every segment; max_kv_len is a hint); when
-    either is missing the indptr arrays are read on the host (one sync) and checked to start at 0 and not decrease. backend: force one (as MLA_BACKEND does);
-    a forced backend that cannot serve raises; a planned one routes to the next backend (see _route).
+    either is missing the indptr arrays are read on the host (one sync) and checked to start at 0 and not decrease.
+    backend: force one (as MLA_BACKEND does); a forced backend that cannot serve raises; a planned one routes to
+    the next backend (see _route).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
