@@ -3,6 +3,8 @@
 #   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
 #   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
 #   cases, and compute-sanitizer memcheck on the garbage-indptr test. Writes everything under $1 (the device's $OUT).
+# AUTOTUNE=1 first re-measures the planner table (tools/autotune.py) and rebundles submission.py from it, so the
+#   checks run the kernels and table of this very tree; both files land in $1 to be committed from there.
 set -uo pipefail
 out=$1
 root=$(pwd)
@@ -21,6 +23,11 @@ step() {  # step NAME TIMEOUT CMD...: run, record the exit code in the log
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 } >"$log" 2>&1
 
+if [ "${AUTOTUNE:-0}" = 1 ]; then
+  step autotune 240 python3 tools/autotune.py --restart
+  step bundle 60 python3 tools/bundle.py
+  cp mixed_mla/tables/h200.json submission.py "$out/"
+fi
 step pytest_gpu 200 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_properties.py \
   tests/test_entry.py tests/test_api.py tests/test_harness.py
 POPCORN_FD=3 step eval_test_popcorn 50 python3 eval.py test tests.txt 3>"$out/eval_test_keys.txt"

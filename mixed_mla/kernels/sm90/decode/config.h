@@ -15,13 +15,13 @@ constexpr int kTileTokens = 32;      // tokens per pipeline stage: 4 n-tiles of 
 constexpr int kDimsPerWarpQK = kHeadDimQK / kWarps;   // 144 = 2 chunks of 64 + 16 
 constexpr int kKSteps = kDimsPerWarpQK / 16;          // 9
 constexpr int kDimsPerWarpV = kHeadDimV / kWarps;     // 128 = 4 groups of 32
-constexpr int kVGroups = kDimsPerWarpV / 32;          // 4
+constexpr int kVGroups = kDimsPerWarpV / 32;
 constexpr int kVTilesPerWarp = kDimsPerWarpV / 8;     // 16 n-tiles of O per warp
 constexpr int kNTilesQK = kTileTokens / 8;            // 4
 constexpr int kKStepsPV = kTileTokens / 16;           // 2
 
 // Shared-memory row strides (bytes). Padding chosen so that the fragment loads are free of bank conflicts:
-// fp8 rows of 576 B padded by 16 (148 words = 20 mod 32: the 4 token rows a V load touches land 8 banks apart);
+// fp8 rows of 576 B padded by 16 (148 words = 20 mod 32: the 8 token rows of a K load land 20 banks apart);
 // bf16 rows of 1152 B padded by 16 (292 words = 4 mod 32: K 16-byte and V 8-byte loads conflict-free).
 constexpr int kFp8RowBytes = 576;
 constexpr int kFp8SmemRowStride = kFp8RowBytes + 16;
@@ -39,6 +39,14 @@ constexpr int kStagesMxfp4 = 4;   // 4 x 10 KB raw + one 37.4 KB bf16 tile they 
 // Partial scores exchanged between warps: [warp][16 heads][kRedStride] fp32; stride 40 words = 8 mod 32 makes
 // the float2 accesses of a half-warp (4 heads x 4 column pairs) conflict-free.
 constexpr int kRedStride = kTileTokens + 8;
+
+// P of a tile, [16 heads][32 tokens] 16-bit, read back as A fragments by ldmatrix: rows of 64 B padded to 80
+// (20 words: the 8 rows of an ldmatrix phase start 20 banks apart, conflict-free).
+constexpr int kPRowStride = kTileTokens * 2 + 16;
+
+// Lazy softmax rescaling (decode_split.cuh): the exponentials' base moves only when a score exceeds it by more
+// than this many powers of two.
+constexpr float kRebaseSlack = 8.f;
 
 constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread

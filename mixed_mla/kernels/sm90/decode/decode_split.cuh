@@ -3,14 +3,17 @@
 // Layout of the work (4 warps, tiles of 32 tokens, tensor cores for both products):
 //   S = Q.K^T : mma with the 16 heads on M and tokens on N. Each warp owns a quarter of the 576 dims and keeps its
 //               Q slice in registers for the whole row (qk_operands.cuh); the 4 partial scores of all 32 tokens
-//               are summed through shared memory (8 KB per tile), so K is read from shared memory once.
-//   softmax   : every warp reduces the same 4 partials and runs the same online softmax (identical arithmetic,
-//               identical max and sum in every warp), so no second exchange is needed.
-//   O = P.V   : warp w owns output dims [128w, 128w + 128); P comes straight from the score registers.
+//               go through shared memory (8 KB per tile), so K is read from shared memory once.
+//   softmax   : reduce-scatter: warp w sums the 4 partials of its own 8 tokens only and turns them into P, which
+//               goes through shared memory (1 KB) to every warp as mma A fragments. The exponentials' base moves
+//               lazily (only when a score passes it by 2^8), so the tile maxima are combined, and o rescaled, only
+//               then.
+//   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments straight from the stage (kv_tiles.cuh).
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
 // power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
-// Cost model and measurements: NOTES_sm90.md (at 16 heads the F2FP conversions, not the MMAs, set the pace).
+// Cost model and measurements: NOTES_sm90.md (at 16 heads, instruction issue, not the tensor cores or HBM, sets
+// the pace: each kept change removed instructions from the per-tile loop).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -26,18 +29,39 @@ namespace mla_sm90 {
 
 __device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return min(max(v, lo), hi); }
 
+// p = 2^(x - m) of a thread's 4 scores (head rows g, g + 8); m = -inf (nothing seen yet) keeps every p at 0.
+__device__ __forceinline__ void exponentials(const float x[4], const float m[2], float pr[4]) {
+  const float base0 = m[0] == -INFINITY ? 0.f : m[0], base1 = m[1] == -INFINITY ? 0.f : m[1];
+  pr[0] = fast_exp2(x[0] - base0);
+  pr[1] = fast_exp2(x[1] - base0);
+  pr[2] = fast_exp2(x[2] - base1);
+  pr[3] = fast_exp2(x[3] - base1);
+}
+
+// A thread's P values into the [head][token] 16-bit P tile: tokens `token`, + 1 of head rows g and g + 8.
+template <bool kF16>
+__device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const float pr[4]) {
+  uint32_t* row_g = reinterpret_cast<uint32_t*>(p_smem + g * kPRowStride + 2 * token);
+  uint32_t* row_g8 = reinterpret_cast<uint32_t*>(p_smem + (g + 8) * kPRowStride + 2 * token);
+  *row_g = kF16 ? pack_f16x2(pr[0], pr[1]) : pack_bf16x2(pr[0], pr[1]);
+  *row_g8 = kF16 ? pack_f16x2(pr[2], pr[3]) : pack_bf16x2(pr[2], pr[3]);
+}
+
 // One query row x 16 heads over cache rows [first_row, first_row + count).
 template <int kFormat>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, int row, int head0,
                                            int first_row, int count, int split) {
   using Tile = KvTile<kFormat>;
-  using Rows = typename Tile::Rows;  // V fragments
   uint8_t* stages = smem;
   uint8_t* expanded = smem + Tile::kStages * Tile::kStageBytes;
   float* red = reinterpret_cast<float*>(expanded + Tile::kExpandedBytes);
   float* qmax_smem = red + kWarps * kHeadGroup * kRedStride;
+  float* tile_max_smem = qmax_smem + kWarps * kHeadGroup;                           // [head][warp]
+  uint8_t* p_smem = reinterpret_cast<uint8_t*>(tile_max_smem + kWarps * kHeadGroup);  // [head][token] 16-bit
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // ldmatrix rows of P's A fragments: lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at token + 8.
+  const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
 
   // The first tiles are in flight while Q is read and prepared.
@@ -56,19 +80,22 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
   for (int v = 0; v < kVTilesPerWarp; ++v) o[v][0] = o[v][1] = o[v][2] = o[v][3] = 0.f;
 
+  int read_stage = 0, write_stage = Tile::kStages - 1;  // i % kStages and (i + kStages - 1) % kStages
   for (int i = 0; i < tiles; ++i) {
     cp_async_wait<Tile::kStages - 2>();
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1 and with `red`
     {
       const int next = i + Tile::kStages - 1;
       if (next < tiles)
-        Tile::issue(stages + (next % Tile::kStages) * Tile::kStageBytes, p, first_row + next * kTileTokens,
+        Tile::issue(stages + write_stage * Tile::kStageBytes, p, first_row + next * kTileTokens,
                     count - next * kTileTokens);
       cp_async_commit();
+      write_stage = write_stage + 1 == Tile::kStages ? 0 : write_stage + 1;
     }
-    const uint8_t* tile = Tile::prepare(stages + (i % Tile::kStages) * Tile::kStageBytes, expanded);
+    const uint8_t* tile = Tile::prepare(stages + read_stage * Tile::kStageBytes, expanded);
+    read_stage = read_stage + 1 == Tile::kStages ? 0 : read_stage + 1;
 
-    // Partial scores over this warp's 144 dims, all 32 tokens.
+    // Partial scores over this warp's 144 dims, all 32 tokens; warp w then sums the 4 partials of n-tile w only.
     float s[kNTilesQK][4];
     qk.partial_scores(tile, warp, g, t, s);
     float* mine = red + warp * kHeadGroup * kRedStride;
@@ -79,84 +106,72 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     }
     __syncthreads();
 
-    // Full scores (same in every warp), scaled to log2 units and masked past the split's end.
+    // Scores of tokens 8w + 2t, + 1 for head rows g, g + 8, in log2 units, masked past the split's end.
+    const int token = 8 * warp + 2 * t;
+    float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float* part = red + w * kHeadGroup * kRedStride + token;
+      const float2 a = *reinterpret_cast<const float2*>(part + g * kRedStride);
+      const float2 b = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
+      lo.x += a.x; lo.y += a.y; hi.x += b.x; hi.y += b.y;
+    }
     const int valid = count - i * kTileTokens;
-    float x[kNTilesQK][4];
-#pragma unroll
-    for (int n = 0; n < kNTilesQK; ++n) {
-      float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float* part = red + w * kHeadGroup * kRedStride + 8 * n + 2 * t;
-        const float2 a = *reinterpret_cast<const float2*>(part + g * kRedStride);
-        const float2 b = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
-        lo.x += a.x; lo.y += a.y; hi.x += b.x; hi.y += b.y;
-      }
-      const bool ok0 = 8 * n + 2 * t < valid, ok1 = 8 * n + 2 * t + 1 < valid;
-      x[n][0] = ok0 ? lo.x * qk.coef[0] : -INFINITY;
-      x[n][1] = ok1 ? lo.y * qk.coef[0] : -INFINITY;
-      x[n][2] = ok0 ? hi.x * qk.coef[1] : -INFINITY;
-      x[n][3] = ok1 ? hi.y * qk.coef[1] : -INFINITY;
-    }
+    const bool ok0 = token < valid, ok1 = token + 1 < valid;
+    const float x[4] = {ok0 ? lo.x * qk.coef[0] : -INFINITY, ok1 ? lo.y * qk.coef[0] : -INFINITY,
+                        ok0 ? hi.x * qk.coef[1] : -INFINITY, ok1 ? hi.y * qk.coef[1] : -INFINITY};
 
-    // Online softmax in base 2.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kNTilesQK; ++n) {
-      tile_max[0] = fmaxf(tile_max[0], fmaxf(x[n][0], x[n][1]));
-      tile_max[1] = fmaxf(tile_max[1], fmaxf(x[n][2], x[n][3]));
-    }
-    float alpha[2], base[2];
+    // Online softmax in base 2 with a lazy base m: P is computed against the current m, and the tile's maxima are
+    // combined only when a score passes m by more than kRebaseSlack (the first tile, then rarely). Below that,
+    // p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier that
+    // publishes P also tells every warp whether any warp saw such a score.
+    bool over = false;
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      tile_max[hr] = fmaxf(tile_max[hr], __shfl_xor_sync(0xffffffffu, tile_max[hr], 1));
-      tile_max[hr] = fmaxf(tile_max[hr], __shfl_xor_sync(0xffffffffu, tile_max[hr], 2));
-      const float m_new = fmaxf(m[hr], tile_max[hr]);
-      base[hr] = m_new == -INFINITY ? 0.f : m_new;  // nothing seen yet: any finite base keeps exp2 at 0
-      alpha[hr] = fast_exp2(m[hr] - base[hr]);
-      m[hr] = m_new;
+      float mx = fmaxf(x[2 * hr], x[2 * hr + 1]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      if (t == 0) tile_max_smem[(g + 8 * hr) * kWarps + warp] = mx;
+      over |= mx > m[hr] + kRebaseSlack;  // m = -inf: any score rebases
     }
-    float pr[kNTilesQK][4];
-    float row_sum[2] = {0.f, 0.f};
+    float pr[4];
+    exponentials(x, m, pr);
+    store_p<Tile::kF16PV>(p_smem, g, token, pr);
+    if (__syncthreads_or(over)) {
+      float alpha[2];
 #pragma unroll
-    for (int n = 0; n < kNTilesQK; ++n) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) pr[n][k] = fast_exp2(x[n][k] - base[k >> 1]);
-      row_sum[0] += pr[n][0] + pr[n][1];
-      row_sum[1] += pr[n][2] + pr[n][3];
-    }
-    l[0] = l[0] * alpha[0] + row_sum[0];
-    l[1] = l[1] * alpha[1] + row_sum[1];
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      for (int hr = 0; hr < 2; ++hr) {
+        const float4 w4 = *reinterpret_cast<const float4*>(tile_max_smem + (g + 8 * hr) * kWarps);
+        const float tile_max = fmaxf(fmaxf(w4.x, w4.y), fmaxf(w4.z, w4.w));
+        const bool rebase = tile_max > m[hr] + kRebaseSlack;
+        alpha[hr] = rebase ? fast_exp2(m[hr] - tile_max) : 1.f;
+        m[hr] = rebase ? tile_max : m[hr];
+        l[hr] *= alpha[hr];
+      }
 #pragma unroll
       for (int v = 0; v < kVTilesPerWarp; ++v) {
         o[v][0] *= alpha[0]; o[v][1] *= alpha[0];
         o[v][2] *= alpha[1]; o[v][3] *= alpha[1];
       }
+      exponentials(x, m, pr);
+      store_p<Tile::kF16PV>(p_smem, g, token, pr);
+      __syncthreads();  // the rebased P of all 32 tokens visible
     }
+    // l holds this thread's share of the row sums (its 2 tokens of every tile); every warp rescales by the same
+    // alpha, so the shares add up once at the end of the row.
+    l[0] += pr[0] + pr[1];
+    l[1] += pr[2] + pr[3];
 
-    // P as A fragments: the two n-tiles of a 16-token k-step are its left and right halves.
+    // P as A fragments of the two 16-token k-steps (heads on rows).
     uint32_t pa[kKStepsPV][4];
 #pragma unroll
-    for (int ks = 0; ks < kKStepsPV; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float* lo = pr[2 * ks + half];
-        if constexpr (Tile::kF16PV) {
-          pa[ks][2 * half + 0] = pack_f16x2(lo[0], lo[1]);
-          pa[ks][2 * half + 1] = pack_f16x2(lo[2], lo[3]);
-        } else {
-          pa[ks][2 * half + 0] = pack_bf16x2(lo[0], lo[1]);
-          pa[ks][2 * half + 1] = pack_bf16x2(lo[2], lo[3]);
-        }
-      }
-    }
+    for (int ks = 0; ks < kKStepsPV; ++ks) ldmatrix_x4(pa[ks], p_lane_row + 32 * ks);
 #pragma unroll
     for (int ks = 0; ks < kKStepsPV; ++ks) {
 #pragma unroll
       for (int G = 0; G < kVGroups; ++G) {
         uint32_t vb[4][2];
-        Rows::load_v(tile, ks, G, warp, g, t, vb);
+        Tile::Rows::load_v(tile, ks, G, warp, g, t, vb);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           if constexpr (Tile::kF16PV) mma_f16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
@@ -166,10 +181,19 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     }
   }
 
+  // Row sums: the 4 threads of a head row, then the 4 warps' token shares (the max buffer is free by now: every
+  // warp has passed the barrier after its last read).
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 1);
     l[hr] += __shfl_xor_sync(0xffffffffu, l[hr], 2);
+    if (t == 0) tile_max_smem[(g + 8 * hr) * kWarps + warp] = l[hr];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const float4 w4 = *reinterpret_cast<const float4*>(tile_max_smem + (g + 8 * hr) * kWarps);
+    l[hr] = (w4.x + w4.y) + (w4.z + w4.w);
   }
   // The merge kernel (launched with programmatic stream serialisation) may start its prologue now; it still
   // waits for this whole grid before reading any partial.
@@ -181,7 +205,7 @@ template <int kFormat>
 constexpr int split_smem_bytes() {
   using Tile = KvTile<kFormat>;
   return Tile::kStages * Tile::kStageBytes + Tile::kExpandedBytes +
-         (kWarps * kHeadGroup * kRedStride + kWarps * kHeadGroup) * (int)sizeof(float);
+         (kWarps * kHeadGroup * kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) + kHeadGroup * kPRowStride;
 }
 
 // grid = (num_splits, max_q_len * num_heads / 16, batch). Segment bounds come from the indptr contents, clamped

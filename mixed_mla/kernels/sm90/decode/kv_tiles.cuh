@@ -5,6 +5,8 @@
 //     for j = 8. Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
 //   V (B operand of O = P.V, k = token, n = dim): n-tile 4G + r, column g is dim 128w + 32G + 4g + r; the rows
 //     are tokens 16s + 2t (+1) and 16s + 8 + 2t (+1). The output C fragment then holds 8 consecutive dims.
+//     (Reading V through ldmatrix.trans from an f16 copy that Q.K writes halves the fp8 conversions but measured
+//     slower, NOTES_sm90.md v8 and v12.)
 #pragma once
 #include <stdint.h>
 
@@ -52,24 +54,6 @@ struct Bf16Rows {
 struct Fp8Rows {
   static constexpr int kRowStride = kFp8SmemRowStride;
 
-  __device__ __forceinline__ static void load_k(const uint8_t* tile, int row, int warp, int t,
-                                                uint32_t kb[kKSteps][2]) {
-    const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint4 a = lds<uint4>(r + 64 * c + 16 * t);
-      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        kb[4 * c + jj][0] = e4m3x2_to_f16x2(w[jj]);
-        kb[4 * c + jj][1] = e4m3x2_to_f16x2(w[jj] >> 16);
-      }
-    }
-    const uint32_t u = lds<uint32_t>(r + 128 + 4 * t);
-    kb[8][0] = e4m3x2_to_f16x2(u);
-    kb[8][1] = e4m3x2_to_f16x2(u >> 16);
-  }
-
   __device__ __forceinline__ static void load_v(const uint8_t* tile, int s, int group, int warp, int g, int t,
                                                 uint32_t vb[4][2]) {
     const uint8_t* base = tile + warp * kDimsPerWarpV + group * 32 + 4 * g + (16 * s + 2 * t) * kRowStride;
@@ -80,30 +64,56 @@ struct Fp8Rows {
     // Interleave the two tokens of each pair byte by byte: {a0 b0 a1 b1}, {a2 b2 a3 b3}.
     const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
     const uint32_t cd01 = prmt(c, d, 0x5140), cd23 = prmt(c, d, 0x7362);
-    vb[0][0] = e4m3x2_to_f16x2(ab01);       vb[0][1] = e4m3x2_to_f16x2(cd01);
-    vb[1][0] = e4m3x2_to_f16x2(ab01 >> 16); vb[1][1] = e4m3x2_to_f16x2(cd01 >> 16);
-    vb[2][0] = e4m3x2_to_f16x2(ab23);       vb[2][1] = e4m3x2_to_f16x2(cd23);
-    vb[3][0] = e4m3x2_to_f16x2(ab23 >> 16); vb[3][1] = e4m3x2_to_f16x2(cd23 >> 16);
+    e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
+    e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
+    e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
+    e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
+  }
+
+  __device__ __forceinline__ static void load_k(const uint8_t* tile, int row, int warp, int t,
+                                                uint32_t kb[kKSteps][2]) {
+    const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint4 a = lds<uint4>(r + 64 * c + 16 * t);
+      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) e4m3x4_to_f16x4(w[jj], kb[4 * c + jj][0], kb[4 * c + jj][1]);
+    }
+    const uint32_t u = lds<uint32_t>(r + 128 + 4 * t);
+    e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
   }
 };
 
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are
-// zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf).
-template <int kRowBytes, int kRowStride>
-__device__ __forceinline__ void issue_rows(uint8_t* stage, const uint8_t* rows, int64_t row_stride, int valid,
-                                           const uint8_t* any_valid_address) {
+// zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf). Warp w
+// copies rows w, w + 4, ..., lane l the 16-byte chunks l, l + 32, ... of each, walking one source pointer down the
+// rows: a full tile costs a few instructions per copy (per-chunk index arithmetic was a fifth of the main loop,
+// NOTES_sm90.md v9). Only a split's last tile pays for the bounds.
+template <int kRowBytes, int kRowStride, bool kFull>
+__device__ __forceinline__ void issue_rows(uint8_t* stage, const uint8_t* rows, int64_t row_stride, int valid) {
   constexpr int kChunksPerRow = kRowBytes / 16;
-  constexpr int kChunks = kTileTokens * kChunksPerRow;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint8_t* src = rows + warp * row_stride + lane * 16;
+  uint8_t* dst = stage + warp * kRowStride + lane * 16;
 #pragma unroll
-  for (int k = 0; k < (kChunks + kThreads - 1) / kThreads; ++k) {
-    const int c = threadIdx.x + k * kThreads;
-    if (kChunks % kThreads == 0 || c < kChunks) {
-      const int row = c / kChunksPerRow, col = c % kChunksPerRow;
-      const bool ok = row < valid;
-      const uint8_t* src = ok ? rows + row * row_stride + col * 16 : any_valid_address;
-      cp_async_16(stage + row * kRowStride + col * 16, src, ok ? 16 : 0);
+  for (int r = 0; r < kTileTokens / kWarps; ++r) {
+    const bool ok = kFull || r * kWarps + warp < valid;
+    const uint8_t* from = ok ? src : rows;  // row 0 is always valid when issuing; nothing is read from it
+#pragma unroll
+    for (int cc = 0; cc < (kChunksPerRow + 31) / 32; ++cc) {
+      if (kChunksPerRow % 32 == 0 || lane + 32 * cc < kChunksPerRow)
+        cp_async_16(dst + r * kWarps * kRowStride + 512 * cc, from + 512 * cc, ok ? 16 : 0);
     }
+    src += kWarps * row_stride;
   }
+}
+
+template <int kRowBytes, int kRowStride>
+__device__ __forceinline__ void issue_tile_rows(uint8_t* stage, const uint8_t* rows, int64_t row_stride,
+                                                int valid) {
+  if (valid >= kTileTokens) issue_rows<kRowBytes, kRowStride, true>(stage, rows, row_stride, valid);
+  else issue_rows<kRowBytes, kRowStride, false>(stage, rows, row_stride, valid);
 }
 
 template <int kFormat>
@@ -118,8 +128,8 @@ struct KvTile<kFormatBf16> {
   static constexpr int kExpandedBytes = 0;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_rows<kBf16RowBytes, kBf16SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
-                                                  valid, p.kv);
+    issue_tile_rows<kBf16RowBytes, kBf16SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
+                                                  valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
@@ -133,8 +143,8 @@ struct KvTile<kFormatFp8> {
   static constexpr int kExpandedBytes = 0;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_rows<kFp8RowBytes, kFp8SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
-                                                valid, p.kv);
+    issue_tile_rows<kFp8RowBytes, kFp8SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
+                                                valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
@@ -160,8 +170,7 @@ struct KvTile<kFormatMxfp4> {
   static constexpr int kExpandedBytes = kTileTokens * kBf16SmemRowStride;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_rows<kFp4RowBytes, kFp4RowBytes>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid,
-                                           p.kv);
+    issue_tile_rows<kFp4RowBytes, kFp4RowBytes>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
     constexpr int kPieces = kTileTokens * (kFp4ScaleCols / 8);
     if (threadIdx.x < kPieces) {
       const int row = threadIdx.x / (kFp4ScaleCols / 8), part = threadIdx.x % (kFp4ScaleCols / 8);

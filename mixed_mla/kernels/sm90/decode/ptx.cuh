@@ -42,12 +42,20 @@ __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Two e4m3 (low byte -> low half) to two f16, exactly (every e4m3 value is an f16 value). One F2FP on sm_90.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
-  uint32_t r;
-  const uint16_t v = static_cast<uint16_t>(two_bytes);
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
-  return r;
+// Four 8x8 b16 matrices from shared memory: lanes 8i .. 8i + 7 give the row addresses of matrix i, and thread
+// (g, t) receives elements (g, 2t), (g, 2t + 1) of each, i.e. an mma A fragment of a row-major 16x16 tile.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint8_t* row_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_address)));
+}
+
+// Four e4m3 (byte i -> value i) to two f16x2 registers, exactly (every e4m3 value is an f16 value). Two F2FP on
+// sm_90 that read the halves of the source register directly (no shift to move the high half down).
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t four_bytes, uint32_t& lo, uint32_t& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(four_bytes));
 }
 
 // Pack two fp32 into f16x2 / bf16x2 (lo -> low half), round to nearest.
