@@ -5,6 +5,7 @@ GPU machine), called through its C entry `mla_sm90_decode` (launch.h) with ctype
 
     python bench/compare_sm90_builds.py build head=<kernel dir> new=mixed_mla/kernels/sm90/decode   # here (nvcc)
     python bench/compare_sm90_builds.py run [--format fp8] [--shapes 4x1024,...]                 # on the GPU
+    python bench/compare_sm90_builds.py check                                                    # on the GPU
 
 `build` writes .build/sm90_builds/<name>.so; `run` loads every .so there. For each build and shape it checks the
 output against exact float64 attention (rel. L2, the strict bound of the format), then times every split count
@@ -57,7 +58,7 @@ class Build:
         self.lib.mla_sm90_decode.argtypes = [ctypes.POINTER(DecodeParams), ctypes.c_int, ctypes.c_void_p]
         self.lib.mla_sm90_decode.restype = ctypes.c_int
 
-    def launcher(self, q, kv, aux, kv_format, qo, kvi, out, splits, workspace, sm_scale):
+    def launcher(self, q, kv, aux, kv_format, qo, kvi, out, splits, workspace, sm_scale, max_q_len=1):
         import torch
         code = FORMAT_CODES[kv_format]
         p = DecodeParams()
@@ -70,7 +71,7 @@ class Build:
         p.out_row_stride, p.out_head_stride = out.stride(0), out.stride(1)
         p.kv_row_stride = kv.stride(0) * kv.element_size()
         p.total_q, p.num_heads, p.batch = q.shape[0], q.shape[1], qo.numel() - 1
-        p.num_kv_rows, p.num_splits, p.max_q_len = kv.shape[0], splits, 1
+        p.num_kv_rows, p.num_splits, p.max_q_len = kv.shape[0], splits, max_q_len
         p.sm_scale_log2 = sm_scale * math.log2(math.e)
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
@@ -79,6 +80,51 @@ class Build:
             if err:
                 raise RuntimeError(f"{self.name}: cudaError {err}")
         return call
+
+
+def check(args):
+    """Every build on layouts the timing run never makes: ragged kv lengths (partial tiles, a length of 1, an
+    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-8, every cache format; each output
+    against exact attention with the strict bound. Exits 1 on any failure."""
+    import torch
+
+    from mixed_mla import formats
+    from mixed_mla.constants import DEFAULT_SM_SCALE
+    from mixed_mla.exact import STRICT_BOUND, strict_error
+
+    builds = [Build(p) for p in sorted(BUILD_DIR.glob("*.so"))]
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    layouts = [([1, 1, 1], [1, 33, 517]), ([1, 2, 3, 4], [4, 100, 3, 1000]), ([4, 1], [2049, 77]),
+               ([1, 2, 1], [0, 1, 40])]
+    failures, checked = [], 0
+    for q_lens, kv_lens in layouts:
+        qo = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)
+        kvi = torch.tensor([0] + kv_lens, device="cuda").cumsum(0).to(torch.int32)
+        kv_bf16 = torch.randn(sum(kv_lens), 1, 576, device="cuda", generator=gen).to(torch.bfloat16)
+        for heads in (16, 32, 64, 128):
+            q = torch.randn(sum(q_lens), heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
+            out = torch.empty(sum(q_lens), heads, 512, dtype=torch.bfloat16, device="cuda")
+            for kv_format in FORMAT_CODES:
+                cache = {"bf16": kv_bf16, "fp8": formats.quantize_fp8(kv_bf16),
+                         "mxfp4": formats.quantize_mxfp4(kv_bf16)}[kv_format]
+                kv, aux = (cache, cache) if kv_format == "bf16" else cache
+                for splits in (1, 3, 8):
+                    workspace = (torch.empty(out.numel() * splits, device="cuda"),
+                                 torch.empty(out.shape[0] * heads * splits, device="cuda"))
+                    for b in builds:
+                        out.fill_(float("nan"))
+                        b.launcher(q, kv, aux, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE,
+                                   max(q_lens))()
+                        err = strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+                        checked += 1
+                        if not err <= STRICT_BOUND[kv_format]:
+                            failures.append((b.name, q_lens, kv_lens, heads, kv_format, splits, err))
+    torch.cuda.synchronize()
+    print(f"check: {checked} outputs against exact attention, {len(failures)} over the bound")
+    for f in failures:
+        print("  FAIL", f)
+    if failures:
+        sys.exit(1)
 
 
 def kernel_times(call, flush, reps=10):
@@ -181,9 +227,10 @@ def main():
     r.add_argument("--shapes", default="4x1024,4x8192,32x1024,32x8192,64x1024,64x8192,256x1024,256x8192")
     r.add_argument("--reps", type=int, default=21)
     r.add_argument("--profile", action="store_true")
+    sub.add_parser("check")
     r.add_argument("--check-tokens", type=int, default=64 * 8192, help="check accuracy up to this many tokens")
     args = parser.parse_args()
-    build(args.specs) if args.command == "build" else run(args)
+    {"build": lambda: build(args.specs), "run": lambda: run(args), "check": lambda: check(args)}[args.command]()
 
 
 if __name__ == "__main__":
