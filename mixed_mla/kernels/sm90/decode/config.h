@@ -15,13 +15,13 @@ constexpr int kTileTokens = 32;      // tokens per pipeline stage: 4 n-tiles of 
 constexpr int kDimsPerWarpQK = kHeadDimQK / kWarps;   // 144 = 2 chunks of 64 + 16 
 constexpr int kKSteps = kDimsPerWarpQK / 16;          // 9
 constexpr int kDimsPerWarpV = kHeadDimV / kWarps;     // 128 = 4 groups of 32
-constexpr int kVGroups = kDimsPerWarpV / 32;
+constexpr int kVGroups = kDimsPerWarpV / 32;          // 4
 constexpr int kVTilesPerWarp = kDimsPerWarpV / 8;     // 16 n-tiles of O per warp
 constexpr int kNTilesQK = kTileTokens / 8;            // 4
 constexpr int kKStepsPV = kTileTokens / 16;           // 2
 
 // Shared-memory row strides (bytes). Padding chosen so that the fragment loads are free of bank conflicts:
-// fp8 rows of 576 B padded by 16 (148 words = 20 mod 32: the 8 token rows of a K load land 20 banks apart);
+// fp8 rows of 576 B padded by 16 (148 words = 20 mod 32: the 4 token rows a V load touches land 8 banks apart);
 // bf16 rows of 1152 B padded by 16 (292 words = 4 mod 32: K 16-byte and V 8-byte loads conflict-free).
 constexpr int kFp8RowBytes = 576;
 constexpr int kFp8SmemRowStride = kFp8RowBytes + 16;

@@ -128,8 +128,8 @@ struct KvTile<kFormatBf16> {
   static constexpr int kExpandedBytes = 0;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_tile_rows<kBf16RowBytes, kBf16SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
-                                                  valid);
+    issue_tile_rows<kBf16RowBytes, kBf16SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride,
+                                                       p.kv_row_stride, valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
@@ -144,7 +144,7 @@ struct KvTile<kFormatFp8> {
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
     issue_tile_rows<kFp8RowBytes, kFp8SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
-                                                valid);
+                                                     valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
