@@ -58,9 +58,10 @@ class Build:
         self.lib.mla_sm90_decode.argtypes = [ctypes.POINTER(DecodeParams), ctypes.c_int, ctypes.c_void_p]
         self.lib.mla_sm90_decode.restype = ctypes.c_int
 
-    def launcher(self, q, kv, aux, kv_format, qo, kvi, out, splits, workspace, sm_scale, max_q_len=1):
+    def launcher(self, q, cache, kv_format, qo, kvi, out, splits, workspace, sm_scale, max_q_len=1):
         import torch
         code = FORMAT_CODES[kv_format]
+        kv, aux = (cache, cache) if kv_format == "bf16" else cache
         p = DecodeParams()
         p.q, p.kv, p.qo_indptr, p.kv_indptr, p.out = q.data_ptr(), kv.data_ptr(), qo.data_ptr(), kvi.data_ptr(), \
             out.data_ptr()
@@ -101,19 +102,17 @@ def check(args):
         qo = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)
         kvi = torch.tensor([0] + kv_lens, device="cuda").cumsum(0).to(torch.int32)
         kv_bf16 = torch.randn(sum(kv_lens), 1, 576, device="cuda", generator=gen).to(torch.bfloat16)
+        caches = {"bf16": kv_bf16, "fp8": formats.quantize_fp8(kv_bf16), "mxfp4": formats.quantize_mxfp4(kv_bf16)}
         for heads in (16, 32, 64, 128):
             q = torch.randn(sum(q_lens), heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
             out = torch.empty(sum(q_lens), heads, 512, dtype=torch.bfloat16, device="cuda")
-            for kv_format in FORMAT_CODES:
-                cache = {"bf16": kv_bf16, "fp8": formats.quantize_fp8(kv_bf16),
-                         "mxfp4": formats.quantize_mxfp4(kv_bf16)}[kv_format]
-                kv, aux = (cache, cache) if kv_format == "bf16" else cache
+            for kv_format, cache in caches.items():
                 for splits in (1, 3, 8):
                     workspace = (torch.empty(out.numel() * splits, device="cuda"),
                                  torch.empty(out.shape[0] * heads * splits, device="cuda"))
                     for b in builds:
                         out.fill_(float("nan"))
-                        b.launcher(q, kv, aux, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE,
+                        b.launcher(q, cache, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE,
                                    max(q_lens))()
                         err = strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
                         checked += 1
@@ -147,9 +146,10 @@ def kernel_times(call, flush, reps=10):
 def run(args):
     import torch
 
-    from bench.kernel_bench_sm90 import BYTES_PER_TOKEN, FLUSH_BYTES, HBM_BYTES_PER_S, NUM_HEADS, time_call
-    from mixed_mla import formats
+    from bench.kernel_bench_sm90 import (BYTES_PER_TOKEN, FLUSH_BYTES, HBM_BYTES_PER_S, MIN_TOKENS_PER_SPLIT,
+                                         NUM_HEADS, time_call)
     from mixed_mla.constants import DEFAULT_SM_SCALE
+    from tools.peers.inputs import Shape, make_inputs
     from mixed_mla.exact import STRICT_BOUND, strict_error
 
     builds = [Build(p) for p in sorted(BUILD_DIR.glob("*.so"))]
@@ -162,27 +162,19 @@ def run(args):
     errors = {}
     profiles = {b.name: [] for b in builds}
     for batch, kv_len in shapes:
-        gen = torch.Generator(device="cuda").manual_seed(batch * 7 + kv_len)
-        q = torch.randn(batch, NUM_HEADS, 576, device="cuda", generator=gen).to(torch.bfloat16)
-        kv_bf16 = torch.randn(batch * kv_len, 1, 576, device="cuda", generator=gen).to(torch.bfloat16)
-        cache = {"bf16": kv_bf16, "fp8": formats.quantize_fp8(kv_bf16), "mxfp4": formats.quantize_mxfp4(kv_bf16)}[
-            kv_format]
-        del kv_bf16
-        kv, aux = (cache, cache) if kv_format == "bf16" else cache
-        qo = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
-        kvi = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * kv_len
-        out = torch.empty(batch, NUM_HEADS, 512, dtype=torch.bfloat16, device="cuda")
-        splits_list = [s for s in SPLIT_COUNTS if s == 1 or kv_len // s >= 32]
+        inputs = make_inputs(Shape(batch, kv_len, num_heads=NUM_HEADS), "cuda", batch * 7 + kv_len, (kv_format,))
+        q, cache, qo, kvi, out = inputs.q, inputs.caches[kv_format], inputs.qo_indptr, inputs.kv_indptr, inputs.out
+        splits_list = [s for s in SPLIT_COUNTS if s == 1 or kv_len // s >= MIN_TOKENS_PER_SPLIT]
         workspace = (torch.empty(batch * NUM_HEADS * max(splits_list) * 512, device="cuda"),
                      torch.empty(batch * NUM_HEADS * max(splits_list), device="cuda"))
         check_splits = max(s for s in splits_list if s <= 8)
         for b in builds:
             out.fill_(float("nan"))
-            b.launcher(q, kv, aux, kv_format, qo, kvi, out, check_splits, workspace, DEFAULT_SM_SCALE)()
+            b.launcher(q, cache, kv_format, qo, kvi, out, check_splits, workspace, DEFAULT_SM_SCALE)()
             if batch * kv_len <= args.check_tokens:
                 errors[(b.name, (batch, kv_len))] = strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
             for splits in splits_list:
-                call = b.launcher(q, kv, aux, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE)
+                call = b.launcher(q, cache, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE)
                 call()
                 us = time_call(call, flush, args.reps)
                 key = (b.name, (batch, kv_len))
@@ -190,9 +182,9 @@ def run(args):
                     best[key] = (us, splits)
             if args.profile:
                 splits = best[(b.name, (batch, kv_len))][1]
-                call = b.launcher(q, kv, aux, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE)
+                call = b.launcher(q, cache, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE)
                 profiles[b.name].append((f"{batch}x{kv_len}/{splits}", kernel_times(call, flush)))
-        del cache, kv, aux, workspace
+        del inputs, q, cache, workspace
         torch.cuda.empty_cache()
     print(f"{kv_format}, {NUM_HEADS} heads, q_len 1; us (splits, % of floor); rel. L2 vs exact where checked "
           f"(bound {STRICT_BOUND[kv_format]})")
