@@ -17,7 +17,7 @@ step() {  # step NAME TIMEOUT CMD...: run, record the exit code in the log
   echo "rc=$? ($name)" >>"$log"
 }
 {
-  echo "commit: $(cat bench/results/release/COMMIT 2>/dev/null || echo unknown)"
+  echo "commit: ${MLA_COMMIT:-unknown (set MLA_COMMIT: the GPU machine gets the tree without .git)}"
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
