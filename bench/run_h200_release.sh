@@ -2,7 +2,8 @@
 # Release check of the bundled submission on the H200, in one device call:
 #   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
 #   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
-#   cases, and compute-sanitizer memcheck on the garbage-indptr test. Writes everything under $1 (the device's $OUT).
+#   cases, and compute-sanitizer memcheck on the garbage-indptr test. Writes everything under $1
+#   (about 12 files; the device tool returns at most 8, so give a scratch folder and tar it into $OUT).
 # AUTOTUNE=1 first re-measures the planner table (tools/autotune.py) and rebundles submission.py from it, so the
 #   checks run the kernels and table of this very tree; both files land in $1 to be committed from there.
 set -uo pipefail
