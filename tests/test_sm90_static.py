@@ -46,3 +46,12 @@ def test_registers_that_break_occupancy_are_a_problem():
     # 2 CTAs x 128 threads x 256 registers fill the 64K register file; a larger smem footprint halves it.
     big = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=200)), [0, 150000, 0])
     assert big[0].ctas_per_sm == 1 and big[0].problems
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_instruction_rate_bench_compiles(tmp_path):
+    """bench/instruction_rates_sm90.cu, the source of NOTES_sm90.md's measured rates, still builds for sm_90a."""
+    source = ROOT / "bench" / "instruction_rates_sm90.cu"
+    result = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-o", str(tmp_path / "rates"),
+                             str(source)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
