@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <vector>
+
 constexpr int kWarps = 32;
 constexpr int kChains = 8;
 constexpr int kIterations = 4096;
@@ -37,7 +39,8 @@ __device__ __forceinline__ void step(uint32_t (&r)[kChains], float (&acc)[kChain
     } else if constexpr (kOp == kLop3) {
       asm volatile("lop3.b32 %0, %0, %1, 0x3f803f80, 0xe8;\n" : "+r"(r[k]) : "r"(r[(k + 1) % kChains]));
     } else {
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(r[k]) : "r"((uint32_t)__cvta_generic_to_shared(smem + (r[k] & 255))));
+      const uint32_t address = (uint32_t)__cvta_generic_to_shared(smem + (r[k] & 255));
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(r[k]) : "r"(address));
     }
   }
 }
@@ -70,10 +73,10 @@ int measure(int sms, long long* cycles, uint32_t* sink) {
   rate_kernel<kOp><<<sms, kWarps * 32>>>(1u, cycles, sink);  // warm-up
   rate_kernel<kOp><<<sms, kWarps * 32>>>(2u, cycles, sink);
   if (cudaDeviceSynchronize() != cudaSuccess) return 1;
-  long long host[1024];
-  cudaMemcpy(host, cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost);
+  std::vector<long long> host(sms);
+  if (cudaMemcpy(host.data(), cycles, sms * sizeof(long long), cudaMemcpyDeviceToHost) != cudaSuccess) return 1;
   long long worst = 0;
-  for (int i = 0; i < sms; ++i) worst = host[i] > worst ? host[i] : worst;
+  for (long long c : host) worst = c > worst ? c : worst;
   const double per_sm = (double)kWarps * kIterations * kChains / (double)worst;
   printf("%-34s %6.3f warp instructions / SM / cycle (%5.1f lanes)\n", kNames[kOp], per_sm, 32 * per_sm);
   return 0;
@@ -87,8 +90,9 @@ int main() {
          kChains);
   long long* cycles;
   uint32_t* sink;
-  cudaMalloc(&cycles, sms * sizeof(long long));
-  cudaMalloc(&sink, sms * kWarps * 32 * sizeof(uint32_t));
+  if (cudaMalloc(&cycles, sms * sizeof(long long)) != cudaSuccess ||
+      cudaMalloc(&sink, sms * kWarps * 32 * sizeof(uint32_t)) != cudaSuccess)
+    return 2;
   int err = measure<kCvtE4m3>(sms, cycles, sink) | measure<kMovMatrix>(sms, cycles, sink) |
             measure<kHmmaF16>(sms, cycles, sink) | measure<kPrmt>(sms, cycles, sink) |
             measure<kLop3>(sms, cycles, sink) | measure<kLdsU32>(sms, cycles, sink);
