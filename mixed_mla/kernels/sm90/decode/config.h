@@ -48,6 +48,10 @@ constexpr int kPRowStride = kTileTokens * 2 + 16;
 // than this many powers of two.
 constexpr float kRebaseSlack = 8.f;
 
+// The tile copier (kv_tiles.cuh) keeps 32-bit byte offsets within a tile of rows: the row stride is capped so that
+// kTileTokens rows span less than 2^31 bytes (the entry point rejects larger strides).
+constexpr long long kMaxKvRowStrideBytes = 1ll << 26;
+
 constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
 

@@ -37,7 +37,8 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, v
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
   if (p->num_heads % kHeadGroup != 0 || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
-      p->batch > 65535 || (int64_t)p->max_q_len * (p->num_heads / kHeadGroup) > 65535)
+      p->batch > 65535 || (int64_t)p->max_q_len * (p->num_heads / kHeadGroup) > 65535 ||
+      p->kv_row_stride % 16 != 0 || p->kv_row_stride <= 0 || p->kv_row_stride > kMaxKvRowStrideBytes)
     return cudaErrorInvalidValue;
   cudaError_t err;
   switch (kv_format) {

@@ -66,10 +66,11 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
   // The first tiles are in flight while Q is read and prepared.
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
+  const typename Tile::Copier copier(p.kv_row_stride);
 #pragma unroll
   for (int s = 0; s < Tile::kStages - 1; ++s) {
     if (s < tiles)
-      Tile::issue(stages + s * Tile::kStageBytes, p, first_row + s * kTileTokens, count - s * kTileTokens);
+      Tile::issue(stages + s * Tile::kStageBytes, copier, p, first_row + s * kTileTokens, count - s * kTileTokens);
     cp_async_commit();
   }
   typename QkFor<kFormat>::type qk;
@@ -87,7 +88,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     {
       const int next = i + Tile::kStages - 1;
       if (next < tiles)
-        Tile::issue(stages + write_stage * Tile::kStageBytes, p, first_row + next * kTileTokens,
+        Tile::issue(stages + write_stage * Tile::kStageBytes, copier, p, first_row + next * kTileTokens,
                     count - next * kTileTokens);
       cp_async_commit();
       write_stage = write_stage + 1 == Tile::kStages ? 0 : write_stage + 1;
@@ -108,36 +109,41 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
     // Scores of tokens 8w + 2t, + 1 for head rows g, g + 8, in log2 units, masked past the split's end.
     const int token = 8 * warp + 2 * t;
-    float2 lo = make_float2(0.f, 0.f), hi = make_float2(0.f, 0.f);
+    float2 part_lo[kWarps], part_hi[kWarps];
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
       const float* part = red + w * kHeadGroup * kRedStride + token;
-      const float2 a = *reinterpret_cast<const float2*>(part + g * kRedStride);
-      const float2 b = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
-      lo.x += a.x; lo.y += a.y; hi.x += b.x; hi.y += b.y;
+      part_lo[w] = *reinterpret_cast<const float2*>(part + g * kRedStride);
+      part_hi[w] = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
     }
+    static_assert(kWarps == 4, "the partial sums below are a tree over 4 warps");
+    const float2 lo = make_float2((part_lo[0].x + part_lo[1].x) + (part_lo[2].x + part_lo[3].x),
+                                  (part_lo[0].y + part_lo[1].y) + (part_lo[2].y + part_lo[3].y));
+    const float2 hi = make_float2((part_hi[0].x + part_hi[1].x) + (part_hi[2].x + part_hi[3].x),
+                                  (part_hi[0].y + part_hi[1].y) + (part_hi[2].y + part_hi[3].y));
     const int valid = count - i * kTileTokens;
     const bool ok0 = token < valid, ok1 = token + 1 < valid;
     const float x[4] = {ok0 ? lo.x * qk.coef[0] : -INFINITY, ok1 ? lo.y * qk.coef[0] : -INFINITY,
                         ok0 ? hi.x * qk.coef[1] : -INFINITY, ok1 ? hi.y * qk.coef[1] : -INFINITY};
 
     // Online softmax in base 2 with a lazy base m: P is computed against the current m, and the tile's maxima are
-    // combined only when a score passes m by more than kRebaseSlack (the first tile, then rarely). Below that,
-    // p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier that
-    // publishes P also tells every warp whether any warp saw such a score.
-    bool over = false;
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      float mx = fmaxf(x[2 * hr], x[2 * hr + 1]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      if (t == 0) tile_max_smem[(g + 8 * hr) * kWarps + warp] = mx;
-      over |= mx > m[hr] + kRebaseSlack;  // m = -inf: any score rebases
-    }
+    // found and combined only when a score passes m by more than kRebaseSlack (the first tile, then rarely).
+    // Below that, p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier
+    // that publishes P also tells every warp whether any thread saw such a score, so the common path has no
+    // shuffle or shared-memory maximum on its way from the scores to P (NOTES_sm90.md v20).
+    const bool over = fmaxf(x[0], x[1]) > m[0] + kRebaseSlack || fmaxf(x[2], x[3]) > m[1] + kRebaseSlack;
     float pr[4];
     exponentials(x, m, pr);
     store_p<Tile::kF16PV>(p_smem, g, token, pr);
-    if (__syncthreads_or(over)) {
+    if (__syncthreads_or(over)) {  // m = -inf: any score rebases
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        float mx = fmaxf(x[2 * hr], x[2 * hr + 1]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        if (t == 0) tile_max_smem[(g + 8 * hr) * kWarps + warp] = mx;
+      }
+      __syncthreads();
       float alpha[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {

@@ -86,35 +86,65 @@ struct Fp8Rows {
 };
 
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are
-// zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf). Warp w
-// copies rows w, w + 4, ..., lane l the 16-byte chunks l, l + 32, ... of each, walking one source pointer down the
-// rows: a full tile costs a few instructions per copy (per-chunk index arithmetic was a fifth of the main loop,
-// NOTES_sm90.md v9). Only a split's last tile pays for the bounds.
-template <int kRowBytes, int kRowStride, bool kFull>
-__device__ __forceinline__ void issue_rows(uint8_t* stage, const uint8_t* rows, int64_t row_stride, int valid) {
-  constexpr int kChunksPerRow = kRowBytes / 16;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint8_t* src = rows + warp * row_stride + lane * 16;
-  uint8_t* dst = stage + warp * kRowStride + lane * 16;
-#pragma unroll
-  for (int r = 0; r < kTileTokens / kWarps; ++r) {
-    const bool ok = kFull || r * kWarps + warp < valid;
-    const uint8_t* from = ok ? src : rows;  // row 0 is always valid when issuing; nothing is read from it
-#pragma unroll
-    for (int cc = 0; cc < (kChunksPerRow + 31) / 32; ++cc) {
-      if (kChunksPerRow % 32 == 0 || lane + 32 * cc < kChunksPerRow)
-        cp_async_16(dst + r * kWarps * kRowStride + 512 * cc, from + 512 * cc, ok ? 16 : 0);
-    }
-    src += kWarps * row_stride;
-  }
-}
-
+// zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf). A row's
+// 16-byte chunks come in passes of 32 (warp w copies rows w, w + 4, ..., lane l chunk l of each pass, walking one
+// source pointer down the rows) and a remainder (fp8: 4 chunks of every row) dealt out flat over all threads, so
+// every lane of every cp.async carries a chunk. (v9-v20 ran the remainder as one more pass per row with most lanes
+// idle: 16 instead of 9 cp.async per warp and fp8 tile, and ncu of v20 put a fifth of all stall samples on issuing
+// them, most on the full queue of memory instructions.) Only a split's last tile checks bounds.
 template <int kRowBytes, int kRowStride>
-__device__ __forceinline__ void issue_tile_rows(uint8_t* stage, const uint8_t* rows, int64_t row_stride,
-                                                int valid) {
-  if (valid >= kTileTokens) issue_rows<kRowBytes, kRowStride, true>(stage, rows, row_stride, valid);
-  else issue_rows<kRowBytes, kRowStride, false>(stage, rows, row_stride, valid);
-}
+struct RowCopier {
+  static constexpr int kChunksPerRow = kRowBytes / 16;
+  static constexpr int kPasses = kChunksPerRow / 32;
+  static constexpr int kRest = kChunksPerRow % 32;                  // chunks per row after the passes
+  static constexpr int kRestChunks = kTileTokens * kRest;
+  static constexpr int kRestPerThread = (kRestChunks + kThreads - 1) / kThreads;
+  static_assert(kTileTokens * kMaxKvRowStrideBytes <= (1ll << 31), "tile offsets must fit 32 bits");
+  uint32_t rest_src[kRestPerThread];  // bytes from the tile's first row
+  uint32_t rest_dst[kRestPerThread];  // bytes from the stage
+  int rest_row[kRestPerThread];
+
+  __device__ __forceinline__ explicit RowCopier(int64_t row_stride) {
+#pragma unroll
+    for (int k = 0; k < kRestPerThread; ++k) {
+      const int e = threadIdx.x + k * kThreads, row = e / kRest, col = 32 * kPasses + e % kRest;
+      rest_row[k] = row;
+      rest_src[k] = (uint32_t)(row * row_stride) + 16 * col;
+      rest_dst[k] = row * kRowStride + 16 * col;
+    }
+  }
+
+  template <bool kFull>
+  __device__ __forceinline__ void issue_chunks(uint8_t* stage, const uint8_t* rows, int64_t row_stride,
+                                               int valid) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if constexpr (kPasses > 0) {
+      const uint8_t* src = rows + warp * row_stride + lane * 16;
+      uint8_t* dst = stage + warp * kRowStride + lane * 16;
+#pragma unroll
+      for (int r = 0; r < kTileTokens / kWarps; ++r) {
+        const bool ok = kFull || r * kWarps + warp < valid;
+        const uint8_t* from = ok ? src : rows;  // row 0 is always valid when issuing; nothing is read from it
+#pragma unroll
+        for (int c = 0; c < kPasses; ++c)
+          cp_async_16(dst + r * kWarps * kRowStride + 512 * c, from + 512 * c, ok ? 16 : 0);
+        src += kWarps * row_stride;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRestPerThread; ++k) {
+      if (kRestChunks % kThreads == 0 || threadIdx.x + k * kThreads < kRestChunks) {
+        const bool ok = kFull || rest_row[k] < valid;
+        cp_async_16(stage + rest_dst[k], rows + (ok ? rest_src[k] : 0u), ok ? 16 : 0);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void issue(uint8_t* stage, const uint8_t* rows, int64_t row_stride, int valid) const {
+    if (valid >= kTileTokens) issue_chunks<true>(stage, rows, row_stride, valid);
+    else issue_chunks<false>(stage, rows, row_stride, valid);
+  }
+};
 
 template <int kFormat>
 struct KvTile;
@@ -127,9 +157,11 @@ struct KvTile<kFormatBf16> {
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
 
-  __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_tile_rows<kBf16RowBytes, kBf16SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride,
-                                                       p.kv_row_stride, valid);
+  using Copier = RowCopier<kBf16RowBytes, kBf16SmemRowStride>;
+
+  __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
+                                               int first_row, int valid) {
+    copier.issue(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
@@ -142,9 +174,11 @@ struct KvTile<kFormatFp8> {
   static constexpr int kStageBytes = kTileTokens * kFp8SmemRowStride;
   static constexpr int kExpandedBytes = 0;
 
-  __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_tile_rows<kFp8RowBytes, kFp8SmemRowStride>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride,
-                                                     valid);
+  using Copier = RowCopier<kFp8RowBytes, kFp8SmemRowStride>;
+
+  __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
+                                               int first_row, int valid) {
+    copier.issue(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
@@ -169,8 +203,11 @@ struct KvTile<kFormatMxfp4> {
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;
   static constexpr int kExpandedBytes = kTileTokens * kBf16SmemRowStride;
 
-  __device__ __forceinline__ static void issue(uint8_t* stage, const DecodeParams& p, int first_row, int valid) {
-    issue_tile_rows<kFp4RowBytes, kFp4RowBytes>(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
+  using Copier = RowCopier<kFp4RowBytes, kFp4RowBytes>;
+
+  __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
+                                               int first_row, int valid) {
+    copier.issue(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
     constexpr int kPieces = kTileTokens * (kFp4ScaleCols / 8);
     if (threadIdx.x < kPieces) {
       const int row = threadIdx.x / (kFp4ScaleCols / 8), part = threadIdx.x % (kFp4ScaleCols / 8);
