@@ -21,18 +21,24 @@ constexpr int kNTilesQK = kTileTokens / 8;            // 4
 constexpr int kKStepsPV = kTileTokens / 16;           // 2
 
 // Shared-memory row strides (bytes). Padding chosen so that the fragment loads are free of bank conflicts:
-// fp8 rows of 576 B padded by 16 (148 words = 20 mod 32: the 4 token rows a V load touches land 8 banks apart);
 // bf16 rows of 1152 B padded by 16 (292 words = 4 mod 32: K 16-byte and V 8-byte loads conflict-free).
 constexpr int kFp8RowBytes = 576;
-constexpr int kFp8SmemRowStride = kFp8RowBytes + 16;
 constexpr int kBf16RowBytes = 1152;
 constexpr int kBf16SmemRowStride = kBf16RowBytes + 16;
 constexpr int kFp4RowBytes = 288;                     // packed e2m1 pairs, stored unpadded in the stage
 constexpr int kFp4ScaleCols = 24;                     // the e8m0 tensor's padded row (18 meaningful)
 constexpr int kFp4Blocks = 18;                        // 576 / 32
 
+// fp8 tiles come by TMA in boxes of 128 B x 32 rows with the 128-byte swizzle (16-byte chunk c of row r lands at
+// chunk c ^ (r & 7)), which keeps the fragment loads conflict-free without padded rows; a 576-B row spans 5 boxes,
+// the last one half past the row (filled with zeros by the copy engine). Swizzled boxes need 1 KB alignment.
+constexpr int kFp8BoxBytes = 128;
+constexpr int kFp8Boxes = (kFp8RowBytes + kFp8BoxBytes - 1) / kFp8BoxBytes;
+constexpr int kFp8BoxTileBytes = kFp8BoxBytes * kTileTokens;
+constexpr int kSwizzleAlign = 1024;
+
 // Pipeline depth per format: stages of raw tiles in flight (2 CTAs per SM fit in 227 KB for each).
-constexpr int kStagesFp8 = 4;     // 4 x 18.9 KB
+constexpr int kStagesFp8 = 4;     // 4 x 20 KB
 constexpr int kStagesBf16 = 2;    // 2 x 37.4 KB
 constexpr int kStagesMxfp4 = 4;   // 4 x 10 KB raw + one 37.4 KB bf16 tile they are expanded into
 

@@ -1,4 +1,6 @@
 // Instantiates the sm_90a decode kernels and launches them. No torch header: this file builds with nvcc alone.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "config.h"
@@ -10,6 +12,29 @@ namespace mla_sm90 {
 namespace {
 
 constexpr int kMaxDevices = 64;
+
+// The fp8 cache as a TMA tensor map: 576-byte rows (any 16-byte multiple stride), boxes of 128 B x 32 rows,
+// 128-byte swizzle (config.h). Encoded on the host at every launch (the cache pointer may change between calls);
+// the driver's encoder is reached through the runtime, so nothing links against libcuda.
+cudaError_t fp8_tile_map(const DecodeParams& p, CUtensorMap* map) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                             &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const cuuint64_t dims[2] = {(cuuint64_t)kFp8RowBytes, (cuuint64_t)(p.num_kv_rows > 0 ? p.num_kv_rows : 1)};
+  const cuuint64_t strides[1] = {(cuuint64_t)p.kv_row_stride};
+  const cuuint32_t box[2] = {(cuuint32_t)kFp8BoxBytes, (cuuint32_t)kTileTokens};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.kv), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 template <int kFormat>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
@@ -24,8 +49,13 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     configured[device] = true;
   }
+  CUtensorMap kv_map = {};
+  if (KvTile<kFormat>::kTma) {
+    err = fp8_tile_map(p, &kv_map);
+    if (err != cudaSuccess) return err;
+  }
   const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
-  decode_split_kernel<kFormat><<<grid, kThreads, kSmem, stream>>>(p);
+  decode_split_kernel<kFormat><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
   return cudaGetLastError();
 }
 

@@ -9,12 +9,15 @@
 //               lazily (only when a score passes it by 2^8), so the tile maxima are combined, and o rescaled, only
 //               then.
 //   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments straight from the stage (kv_tiles.cuh).
+// Tiles reach the stages by TMA (fp8: thread 0 issues 5 swizzled boxes per tile, an mbarrier per stage) or by
+// cp.async from every thread (bf16, MXFP4), kStages deep.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
 // power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
 // Cost model and measurements: NOTES_sm90.md (at 16 heads, instruction issue, not the tensor cores or HBM, sets
 // the pace: each kept change removed instructions from the per-tile loop).
 #pragma once
+#include <cuda.h>  // CUtensorMap
 #include <math.h>
 #include <stdint.h>
 
@@ -49,8 +52,9 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
 
 // One query row x 16 heads over cache rows [first_row, first_row + count).
 template <int kFormat>
-__device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, int row, int head0,
-                                           int first_row, int count, int split) {
+__device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
+                                           uint32_t& phases, int row, int head0, int first_row, int count,
+                                           int split) {
   using Tile = KvTile<kFormat>;
   uint8_t* stages = smem;
   uint8_t* expanded = smem + Tile::kStages * Tile::kStageBytes;
@@ -66,12 +70,13 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
   // The first tiles are in flight while Q is read and prepared.
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
-  const typename Tile::Copier copier(p.kv_row_stride);
+  TilePipe<Tile> pipe(p, kv_map, bars, phases);
+  const typename Tile::Rows::Lane lane_addr(warp, g, t);
 #pragma unroll
   for (int s = 0; s < Tile::kStages - 1; ++s) {
     if (s < tiles)
-      Tile::issue(stages + s * Tile::kStageBytes, copier, p, first_row + s * kTileTokens, count - s * kTileTokens);
-    cp_async_commit();
+      pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + s * kTileTokens, count - s * kTileTokens);
+    pipe.close();
   }
   typename QkFor<kFormat>::type qk;
   qk.load(p, row, head0, warp, g, t, kv_scale, qmax_smem);
@@ -83,14 +88,14 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
   int read_stage = 0, write_stage = Tile::kStages - 1;  // i % kStages and (i + kStages - 1) % kStages
   for (int i = 0; i < tiles; ++i) {
-    cp_async_wait<Tile::kStages - 2>();
+    pipe.await(stages + read_stage * Tile::kStageBytes, read_stage, count - i * kTileTokens);
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1 and with `red`
     {
       const int next = i + Tile::kStages - 1;
       if (next < tiles)
-        Tile::issue(stages + write_stage * Tile::kStageBytes, copier, p, first_row + next * kTileTokens,
-                    count - next * kTileTokens);
-      cp_async_commit();
+        pipe.issue(stages + write_stage * Tile::kStageBytes, write_stage, p, first_row + next * kTileTokens,
+                   count - next * kTileTokens);
+      pipe.close();
       write_stage = write_stage + 1 == Tile::kStages ? 0 : write_stage + 1;
     }
     const uint8_t* tile = Tile::prepare(stages + read_stage * Tile::kStageBytes, expanded);
@@ -98,7 +103,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
     // Partial scores over this warp's 144 dims, all 32 tokens; warp w then sums the 4 partials of n-tile w only.
     float s[kNTilesQK][4];
-    qk.partial_scores(tile, warp, g, t, s);
+    qk.partial_scores(tile, lane_addr, s);
     float* mine = red + warp * kHeadGroup * kRedStride;
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
@@ -177,7 +182,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
       for (int G = 0; G < kVGroups; ++G) {
         uint32_t vb[4][2];
-        Tile::Rows::load_v(tile, ks, G, warp, g, t, vb);
+        Tile::Rows::load_v(tile, lane_addr, ks, G, vb);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           if constexpr (Tile::kF16PV) mma_f16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
@@ -207,19 +212,41 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   store_row(p, row, head0, split, warp, g, t, m, l, o, kv_scale);
 }
 
+// Shared memory of a row's tile loop (stages, expanded tile, exchanges, P); with TMA tiles the stage mbarriers
+// follow, and the block gets room to align the stages for the swizzle.
 template <int kFormat>
-constexpr int split_smem_bytes() {
+__host__ __device__ constexpr int row_smem_bytes() {
   using Tile = KvTile<kFormat>;
   return Tile::kStages * Tile::kStageBytes + Tile::kExpandedBytes +
          (kWarps * kHeadGroup * kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) + kHeadGroup * kPRowStride;
+}
+
+template <int kFormat>
+constexpr int split_smem_bytes() {
+  using Tile = KvTile<kFormat>;
+  return row_smem_bytes<kFormat>() + (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
 // grid = (num_splits, max_q_len * num_heads / 16, batch). Segment bounds come from the indptr contents, clamped
 // to the tensors, so no indptr value can send a read out of bounds. Query r of a segment of q_len rows attends
 // its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of those.
 template <int kFormat>
-__global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_constant__ DecodeParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_split_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
+  using Tile = KvTile<kFormat>;
+  extern __shared__ __align__(128) uint8_t smem_block[];
+  // Swizzled TMA boxes need 1 KB alignment; the dynamic block only guarantees 16 bytes.
+  uint8_t* smem = smem_block;
+  if constexpr (Tile::kTma) smem += (kSwizzleAlign - smem_addr(smem_block) % kSwizzleAlign) % kSwizzleAlign;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat>());
+  uint32_t phases = 0;
+  if constexpr (Tile::kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
+      mbarrier_init_fence();
+    }
+    __syncthreads();
+  }
   const int groups = p.num_heads / kHeadGroup;
   const int seg = blockIdx.z;
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
@@ -235,7 +262,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_split_kernel(const __grid_
     const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
     const int lo = min((int)blockIdx.x * share, attend);
     const int hi = min(lo + share, attend);
-    decode_row<kFormat>(p, smem, q_begin + r, head0, kv_begin + lo, hi - lo, blockIdx.x);
+    decode_row<kFormat>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo, blockIdx.x);
     __syncthreads();  // shared memory is reused by the next row
   }
 }

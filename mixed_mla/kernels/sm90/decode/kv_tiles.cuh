@@ -1,8 +1,9 @@
 // Per-format KV tiles: how a tile of kTileTokens cache rows reaches shared memory, and how the mma fragments are
 // read from it. Every format serves the same two fragment layouts (see decode_split.cuh):
 //   K (B operand of S = Q.K^T, n = token, k = dim): thread (g, t) of warp w holds, for k-step j, the dim pairs
-//     D_j and D_j + 2 of token row g, where D_j = 144w + 64(j/4) + 16t + 4(j%4) for j < 8 and 144w + 128 + 4t
-//     for j = 8. Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
+//     D_j and D_j + 2 of token row g, where D_j = 144w + 16 k_chunk(j/4, t) + 4(j%4) for j < 8 and
+//     144w + 128 + 4t for j = 8 (k_chunk(c, t): 4c + t for the padded rows, 2t + c for the swizzled fp8 boxes).
+//     Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
 //   V (B operand of O = P.V, k = token, n = dim): n-tile 4G + r, column g is dim 128w + 32G + 4g + r; the rows
 //     are tokens 16s + 2t (+1) and 16s + 8 + 2t (+1). The output C fragment then holds 8 consecutive dims.
 //     (Reading V through ldmatrix.trans from an f16 copy that Q.K writes halves the fp8 conversions but measured
@@ -19,9 +20,16 @@ namespace mla_sm90 {
 // Rows of bf16 (1152 B): the stage is the tile. Fragments are bf16 pairs read as they are.
 struct Bf16Rows {
   static constexpr int kRowStride = kBf16SmemRowStride;
+  __device__ __forceinline__ static int k_chunk(int c, int t) { return 4 * c + t; }
 
-  __device__ __forceinline__ static void load_k(const uint8_t* tile, int row, int warp, int t,
+  struct Lane {
+    int warp, g, t;
+    __device__ __forceinline__ Lane(int w, int g_, int t_) : warp(w), g(g_), t(t_) {}
+  };
+
+  __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
                                                 uint32_t kb[kKSteps][2]) {
+    const int warp = lane.warp, t = lane.t, row = 8 * n + lane.g;
     const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK * 2;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -36,8 +44,9 @@ struct Bf16Rows {
     kb[8][0] = u.x; kb[8][1] = u.y;
   }
 
-  __device__ __forceinline__ static void load_v(const uint8_t* tile, int s, int group, int warp, int g, int t,
+  __device__ __forceinline__ static void load_v(const uint8_t* tile, const Lane& lane, int s, int group,
                                                 uint32_t vb[4][2]) {
+    const int warp = lane.warp, g = lane.g, t = lane.t;
     const uint8_t* base = tile + (warp * kDimsPerWarpV + group * 32 + 4 * g) * 2 + (16 * s + 2 * t) * kRowStride;
     const uint2 a = lds<uint2>(base);                   // token 2t
     const uint2 b = lds<uint2>(base + kRowStride);      // token 2t + 1
@@ -50,37 +59,66 @@ struct Bf16Rows {
   }
 };
 
-// Rows of e4m3 (576 B): fragments are converted to f16 in registers, two values per cvt, exactly.
-struct Fp8Rows {
-  static constexpr int kRowStride = kFp8SmemRowStride;
+// fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
+// ((d / 16) % 8) ^ (r % 8). The K fragments take a warp's 16-dim chunks as 2t + c (not 4c + t as in the padded
+// layouts), so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
+// banks; the V loads (4 rows 2t + j per load) are conflict-free with the swizzle as it is.
+struct Fp8SwizzledRows {
+  __host__ __device__ static constexpr int offset(int row, int d) {
+    return (d >> 7) * kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) + (d & 15);
+  }
+  // The 16-dim chunk (of the warp's 9) that a thread's 16-byte K load c covers; Q uses the same (qk_operands.cuh).
+  __device__ __forceinline__ static int k_chunk(int c, int t) { return 2 * t + c; }
 
-  __device__ __forceinline__ static void load_v(const uint8_t* tile, int s, int group, int warp, int g, int t,
+  // A thread's fragment offsets within a stage, computed once per row: K rows 8n + g differ by whole swizzle
+  // periods (8 rows), so n only adds 1 KB; V rows 16s + 2t + j (+ 8) likewise only add 2 KB s (+ 1 KB).
+  struct Lane {
+    int k_off[3];     // the two 16-byte K loads and the 4-byte one, row g
+    int v_off[4][2];  // V group G, row 2t + j
+    __device__ __forceinline__ Lane(int warp, int g, int t) {
+      const int d0 = warp * kDimsPerWarpQK;
+      k_off[0] = offset(g, d0 + 16 * k_chunk(0, t));
+      k_off[1] = offset(g, d0 + 16 * k_chunk(1, t));
+      k_off[2] = offset(g, d0 + 128 + 4 * t);
+#pragma unroll
+      for (int G = 0; G < kVGroups; ++G)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) v_off[G][j] = offset(2 * t + j, warp * kDimsPerWarpV + G * 32 + 4 * g);
+      // Opaque to the compiler, which would otherwise recompute the swizzle at every tile to save registers.
+#pragma unroll
+      for (int k = 0; k < 3; ++k) asm volatile("" : "+r"(k_off[k]));
+#pragma unroll
+      for (int G = 0; G < kVGroups; ++G) asm volatile("" : "+r"(v_off[G][0]), "+r"(v_off[G][1]));
+    }
+  };
+
+  __device__ __forceinline__ static void load_v(const uint8_t* tile, const Lane& lane, int s, int group,
                                                 uint32_t vb[4][2]) {
-    const uint8_t* base = tile + warp * kDimsPerWarpV + group * 32 + 4 * g + (16 * s + 2 * t) * kRowStride;
-    const uint32_t a = lds<uint32_t>(base);
-    const uint32_t b = lds<uint32_t>(base + kRowStride);
-    const uint32_t c = lds<uint32_t>(base + 8 * kRowStride);
-    const uint32_t d = lds<uint32_t>(base + 9 * kRowStride);
-    // Interleave the two tokens of each pair byte by byte: {a0 b0 a1 b1}, {a2 b2 a3 b3}.
+    const uint8_t* r0 = tile + lane.v_off[group][0] + s * 16 * kFp8BoxBytes;
+    const uint8_t* r1 = tile + lane.v_off[group][1] + s * 16 * kFp8BoxBytes;
+    const uint32_t a = lds<uint32_t>(r0);
+    const uint32_t b = lds<uint32_t>(r1);
+    const uint32_t c = lds<uint32_t>(r0 + 8 * kFp8BoxBytes);
+    const uint32_t e = lds<uint32_t>(r1 + 8 * kFp8BoxBytes);
     const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
-    const uint32_t cd01 = prmt(c, d, 0x5140), cd23 = prmt(c, d, 0x7362);
+    const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
     e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
     e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
     e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
     e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
   }
 
-  __device__ __forceinline__ static void load_k(const uint8_t* tile, int row, int warp, int t,
+  __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
                                                 uint32_t kb[kKSteps][2]) {
-    const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK;
+    const uint8_t* r = tile + n * 8 * kFp8BoxBytes;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const uint4 a = lds<uint4>(r + 64 * c + 16 * t);
+      const uint4 a = lds<uint4>(r + lane.k_off[c]);
       const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) e4m3x4_to_f16x4(w[jj], kb[4 * c + jj][0], kb[4 * c + jj][1]);
     }
-    const uint32_t u = lds<uint32_t>(r + 128 + 4 * t);
+    const uint32_t u = lds<uint32_t>(r + lane.k_off[2]);
     e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
   }
 };
@@ -88,10 +126,8 @@ struct Fp8Rows {
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are
 // zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf). A row's
 // 16-byte chunks come in passes of 32 (warp w copies rows w, w + 4, ..., lane l chunk l of each pass, walking one
-// source pointer down the rows) and a remainder (fp8: 4 chunks of every row) dealt out flat over all threads, so
-// every lane of every cp.async carries a chunk. (v9-v20 ran the remainder as one more pass per row with most lanes
-// idle: 16 instead of 9 cp.async per warp and fp8 tile, and ncu of v20 put a fifth of all stall samples on issuing
-// them, most on the full queue of memory instructions.) Only a split's last tile checks bounds.
+// source pointer down the rows) and a remainder (bf16: 8 chunks of every row) dealt out flat over all threads, so
+// every lane of every cp.async carries a chunk (NOTES_sm90.md v21). Only a split's last tile checks bounds.
 template <int kRowBytes, int kRowStride>
 struct RowCopier {
   static constexpr int kChunksPerRow = kRowBytes / 16;
@@ -153,6 +189,7 @@ template <>
 struct KvTile<kFormatBf16> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
+  static constexpr bool kTma = false;
   static constexpr int kStages = kStagesBf16;
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
@@ -168,20 +205,41 @@ struct KvTile<kFormatBf16> {
 
 template <>
 struct KvTile<kFormatFp8> {
-  using Rows = Fp8Rows;
+  using Rows = Fp8SwizzledRows;
   static constexpr bool kF16PV = true;
+  static constexpr bool kTma = true;
   static constexpr int kStages = kStagesFp8;
-  static constexpr int kStageBytes = kTileTokens * kFp8SmemRowStride;
+  static constexpr int kStageBytes = kFp8Boxes * kFp8BoxTileBytes;
   static constexpr int kExpandedBytes = 0;
+  static_assert(kStageBytes % kSwizzleAlign == 0, "every stage must stay aligned for the swizzle");
 
-  using Copier = RowCopier<kFp8RowBytes, kFp8SmemRowStride>;
-
-  __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
-                                               int first_row, int valid) {
-    copier.issue(stage, p.kv + first_row * p.kv_row_stride, p.kv_row_stride, valid);
+  // Thread 0 only: one mbarrier arrival announcing the stage's bytes, then the 5 boxes. Rows past the cache come
+  // as zeros; rows past the split but inside the cache are zeroed after arrival (await_tma_tile).
+  __device__ __forceinline__ static void issue(uint8_t* stage, uint64_t* bar, const void* kv_map, int first_row) {
+    mbarrier_arrive_expect_tx(bar, kStageBytes);
+#pragma unroll
+    for (int b = 0; b < kFp8Boxes; ++b) tma_load_2d(stage + b * kFp8BoxTileBytes, kv_map, b * kFp8BoxBytes, first_row, bar);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
+
+// Every thread: wait for the stage's mbarrier phase, then (a split's last tile) zero the rows past `valid`: a zero V
+// row adds nothing to O even where P is 0, whereas another segment's bytes might hold NaN codes.
+template <typename Tile>
+__device__ __forceinline__ void await_tma_tile(uint8_t* stage, uint64_t* bar, uint32_t& phases, int s, int valid) {
+  mbarrier_wait_parity(bar, (phases >> s) & 1u);
+  phases ^= 1u << s;
+  if (valid < kTileTokens) {
+    constexpr int kChunksPerRowAllBoxes = kFp8Boxes * kFp8BoxBytes / 16;
+    for (int c = threadIdx.x; c < (kTileTokens - valid) * kChunksPerRowAllBoxes; c += kThreads) {
+      const int row = valid + c / kChunksPerRowAllBoxes, rest = c % kChunksPerRowAllBoxes;
+      const int box = rest / (kFp8BoxBytes / 16), chunk = rest % (kFp8BoxBytes / 16);
+      *reinterpret_cast<uint4*>(stage + box * kFp8BoxTileBytes + row * kFp8BoxBytes + 16 * chunk) =
+          make_uint4(0, 0, 0, 0);
+    }
+    fence_proxy_async_shared();  // before a later copy into these bytes
+  }
+}
 
 // Two e2m1 codes (low nibble = even element) times the block scale 2^(e - 127), as exact bf16 values.
 // The nibble's magnitude bits placed at f32 bits 22-24 read as code * 2^-126 (the subnormal 0.5 included), so two
@@ -198,6 +256,7 @@ template <>
 struct KvTile<kFormatMxfp4> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
+  static constexpr bool kTma = false;
   static constexpr int kStages = kStagesMxfp4;
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;
@@ -239,6 +298,37 @@ struct KvTile<kFormatMxfp4> {
     }
     __syncthreads();
     return expanded;
+  }
+};
+
+// How tiles reach the stages: cp.async by every thread, waited for in commit groups (bf16, MXFP4), or TMA boxes
+// issued by thread 0 and waited for on the stage's mbarrier (fp8). `phases` (the mbarriers' parities) lives as long
+// as the mbarriers, i.e. the kernel.
+template <typename Tile, bool kTma = Tile::kTma>
+struct TilePipe {
+  typename Tile::Copier copier;
+  __device__ __forceinline__ TilePipe(const DecodeParams& p, const void*, uint64_t*, uint32_t&)
+      : copier(p.kv_row_stride) {}
+  __device__ __forceinline__ void issue(uint8_t* stage, int, const DecodeParams& p, int first_row, int valid) {
+    Tile::issue(stage, copier, p, first_row, valid);
+  }
+  __device__ __forceinline__ void close() { cp_async_commit(); }
+  __device__ __forceinline__ void await(uint8_t*, int, int) { cp_async_wait<Tile::kStages - 2>(); }
+};
+
+template <typename Tile>
+struct TilePipe<Tile, true> {
+  const void* map;
+  uint64_t* bars;
+  uint32_t& phases;
+  __device__ __forceinline__ TilePipe(const DecodeParams&, const void* kv_map, uint64_t* stage_bars, uint32_t& ph)
+      : map(kv_map), bars(stage_bars), phases(ph) {}
+  __device__ __forceinline__ void issue(uint8_t* stage, int s, const DecodeParams&, int first_row, int) {
+    if (threadIdx.x == 0) Tile::issue(stage, bars + s, map, first_row);
+  }
+  __device__ __forceinline__ void close() {}
+  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
+    await_tma_tile<Tile>(stage, bars + s, phases, s, valid);
   }
 };
 

@@ -53,8 +53,8 @@ struct QkHalf {
           p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride + warp * kDimsPerWarpQK;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 64 * c + 16 * t + 8));
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t)));
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t) + 8));
         qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
         qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
         qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
@@ -103,12 +103,12 @@ struct QkHalf {
     }
   }
 
-  __device__ __forceinline__ void partial_scores(const uint8_t* tile, int warp, int g, int t,
+  __device__ __forceinline__ void partial_scores(const uint8_t* tile, const typename Rows::Lane& lane,
                                                  float s[kNTilesQK][4]) const {
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
       uint32_t kb[kKSteps][2];
-      Rows::load_k(tile, 8 * n + g, warp, t, kb);
+      Rows::load_k(tile, lane, n, kb);
       s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int j = 0; j < kKSteps; ++j) {
@@ -123,6 +123,6 @@ struct QkHalf {
 template <int kFormat>
 struct QkFor { using type = QkHalf<Bf16Rows, false>; };
 template <>
-struct QkFor<kFormatFp8> { using type = QkHalf<Fp8Rows, true>; };
+struct QkFor<kFormatFp8> { using type = QkHalf<Fp8SwizzledRows, true>; };
 
 }  // namespace mla_sm90
