@@ -214,32 +214,32 @@ struct KvTile<kFormatFp8> {
   static_assert(kStageBytes % kSwizzleAlign == 0, "every stage must stay aligned for the swizzle");
 
   // Thread 0 only: one mbarrier arrival announcing the stage's bytes, then the 5 boxes. Rows past the cache come
-  // as zeros; rows past the split but inside the cache are zeroed after arrival (await).
+  // as zeros; rows past the split but inside the cache are zeroed after arrival (await_fp8_tile).
   __device__ __forceinline__ static void issue(uint8_t* stage, uint64_t* bar, const void* kv_map, int first_row) {
     mbarrier_arrive_expect_tx(bar, kStageBytes);
 #pragma unroll
     for (int b = 0; b < kFp8Boxes; ++b)
       tma_load_2d(stage + b * kFp8BoxTileBytes, kv_map, b * kFp8BoxBytes, first_row, bar);
   }
-
-  // Every thread: wait for stage s's mbarrier phase, then (a split's last tile) zero the rows past `valid`: a zero V
-  // row adds nothing to O even where P is 0, whereas another segment's bytes might hold NaN codes.
-  __device__ __forceinline__ static void await(uint8_t* stage, uint64_t* bar, uint32_t& phases, int s, int valid) {
-    mbarrier_wait_parity(bar, (phases >> s) & 1u);
-    phases ^= 1u << s;
-    if (valid < kTileTokens) {
-      constexpr int kChunksPerBoxRow = kFp8BoxBytes / 16, kChunksPerRow = kFp8Boxes * kChunksPerBoxRow;
-      for (int c = threadIdx.x; c < (kTileTokens - valid) * kChunksPerRow; c += kThreads) {
-        const int row = valid + c / kChunksPerRow, box = c % kChunksPerRow / kChunksPerBoxRow;
-        *reinterpret_cast<uint4*>(stage + box * kFp8BoxTileBytes + row * kFp8BoxBytes + 16 * (c % kChunksPerBoxRow)) =
-            make_uint4(0, 0, 0, 0);
-      }
-      fence_proxy_async_shared();  // before a later copy into these bytes
-    }
-  }
-
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
+
+// Every thread: wait for the stage's mbarrier phase, then (a split's last tile) zero the rows past `valid`: a zero V
+// row adds nothing to O even where P is 0, whereas another segment's bytes might hold NaN codes.
+__device__ __forceinline__ void await_fp8_tile(uint8_t* stage, uint64_t* bar, uint32_t& phases, int s, int valid) {
+  mbarrier_wait_parity(bar, (phases >> s) & 1u);
+  phases ^= 1u << s;
+  if (valid < kTileTokens) {
+    constexpr int kChunksPerRowAllBoxes = kFp8Boxes * kFp8BoxBytes / 16;
+    for (int c = threadIdx.x; c < (kTileTokens - valid) * kChunksPerRowAllBoxes; c += kThreads) {
+      const int row = valid + c / kChunksPerRowAllBoxes, rest = c % kChunksPerRowAllBoxes;
+      const int box = rest / (kFp8BoxBytes / 16), chunk = rest % (kFp8BoxBytes / 16);
+      *reinterpret_cast<uint4*>(stage + box * kFp8BoxTileBytes + row * kFp8BoxBytes + 16 * chunk) =
+          make_uint4(0, 0, 0, 0);
+    }
+    fence_proxy_async_shared();  // before a later copy into these bytes
+  }
+}
 
 // Two e2m1 codes (low nibble = even element) times the block scale 2^(e - 127), as exact bf16 values.
 // The nibble's magnitude bits placed at f32 bits 22-24 read as code * 2^-126 (the subnormal 0.5 included), so two
@@ -328,7 +328,7 @@ struct TilePipe<Tile, true> {
   }
   __device__ __forceinline__ void close() {}
   __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
-    Tile::await(stage, bars + s, phases, s, valid);
+    await_fp8_tile(stage, bars + s, phases, s, valid);
   }
 };
 
