@@ -85,7 +85,7 @@ class Build:
 
 def check(args):
     """Every build on layouts the timing run never makes: ragged kv lengths (partial tiles, a length of 1, an
-    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-20 (both merges), every cache format; each output
+    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-20, every cache format; each output
     against exact attention with the strict bound. Exits 1 on any failure."""
     import torch
 
@@ -107,7 +107,7 @@ def check(args):
             q = torch.randn(sum(q_lens), heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
             out = torch.empty(sum(q_lens), heads, 512, dtype=torch.bfloat16, device="cuda")
             for kv_format, cache in caches.items():
-                for splits in (1, 3, 8, 16, 20):  # 3-16: merged in a cluster; 20: by the merge kernel, 16 at a time
+                for splits in (1, 3, 8, 16, 20):  # the merge folds splits 16 at a time: one chunk (16), two (20)
                     workspace = (torch.empty(out.numel() * splits, device="cuda"),
                                  torch.empty(out.shape[0] * heads * splits, device="cuda"))
                     for b in builds:
