@@ -25,7 +25,7 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// mbarriers and tensor-map (TMA) copies: the fp8 tiles (kv_tiles.cuh Fp8TmaRows).
+// mbarriers and tensor-map (TMA) copies: the fp8 tiles (kv_tiles.cuh KvTile<kFormatFp8>).
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
