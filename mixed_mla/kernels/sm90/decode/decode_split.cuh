@@ -68,18 +68,23 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
 
-  // The first tiles are in flight while Q is read and prepared.
+  // The prologue's requests in the order the row needs them: tile 0, Q, then the other tiles; Q is prepared once
+  // all are in flight. (Q behind every prologue tile waits for the whole burst at 256 CTAs: NOTES_sm90.md v27.)
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
   TilePipe<Tile> pipe(p, kv_map, bars, phases);
   const typename Tile::Rows::Lane lane_addr(warp, g, t);
+  if (tiles > 0) pipe.issue(stages, 0, p, first_row, count);
+  pipe.close();
+  typename QkFor<kFormat>::type qk;
+  uint32_t q_words[2][kKSteps][2];
+  qk.fetch(p, row, head0, warp, g, t, q_words);
 #pragma unroll
-  for (int s = 0; s < Tile::kStages - 1; ++s) {
+  for (int s = 1; s < Tile::kStages - 1; ++s) {
     if (s < tiles)
       pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + s * kTileTokens, count - s * kTileTokens);
     pipe.close();
   }
-  typename QkFor<kFormat>::type qk;
-  qk.load(p, row, head0, warp, g, t, kv_scale, qmax_smem);
+  qk.prepare(p, warp, g, t, kv_scale, qmax_smem, q_words);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   float o[kVTilesPerWarp][4];

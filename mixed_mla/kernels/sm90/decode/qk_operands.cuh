@@ -44,9 +44,10 @@ struct QkHalf {
   uint32_t qa[kKSteps][4];
   float coef[2];  // log2-domain score factor of head rows g, g + 8
 
-  __device__ __forceinline__ void load(const DecodeParams& p, int row, int head0, int warp, int g, int t,
-                                       float kv_scale, float* qmax_smem) {
-    uint32_t qw[2][kKSteps][2];  // bf16 pairs, [head row][k-step][dims D_j | D_j + 2]
+  // Issues the loads of this thread's Q words: bf16 pairs, [head row][k-step][dims D_j | D_j + 2]. Nothing waits
+  // for them until prepare().
+  __device__ __forceinline__ void fetch(const DecodeParams& p, int row, int head0, int warp, int g, int t,
+                                        uint32_t qw[2][kKSteps][2]) const {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
       const uint16_t* src =
@@ -63,6 +64,11 @@ struct QkHalf {
       const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + 128 + 4 * t));
       qw[hr][8][0] = u.x; qw[hr][8][1] = u.y;
     }
+  }
+
+  // The fetched words as mma A fragments (fp8: scaled per head first; one barrier for the head maxima).
+  __device__ __forceinline__ void prepare(const DecodeParams& p, int warp, int g, int t, float kv_scale,
+                                          float* qmax_smem, const uint32_t qw[2][kKSteps][2]) {
     if constexpr (!kF16) {
 #pragma unroll
       for (int j = 0; j < kKSteps; ++j)
