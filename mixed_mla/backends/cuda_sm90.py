@@ -24,10 +24,10 @@ KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
 MAX_SPLITS = 64                                     # config.h kMaxSplits
-# Split partials are fp32 (512 per row, head and split) plus one LSE: cap them at 64 MiB. Correctness does not
-# depend on the split count, so a plan asking for more is served with fewer.
+# Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
+# not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
-_PARTIAL_BYTES = (V_HEAD_DIM + 1) * 4
+_PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 
 _workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_lse)
 
@@ -75,12 +75,12 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
 
 
 def _workspace(device, total_q, num_heads, splits):
-    """fp32 split partials and LSEs for this shape, allocated once and reused (never returned to callers)."""
+    """bf16 split partials and fp32 LSEs for this shape, allocated once and reused (never returned to callers)."""
     key = (device, total_q, num_heads, splits)
     buffers = _workspaces.get(key)
     if buffers is None:
         rows = total_q * num_heads * splits if splits > 1 else 0
-        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.float32, device=device),
+        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
                    torch.empty(rows, dtype=torch.float32, device=device))
         _workspaces[key] = buffers
     return buffers

@@ -14,7 +14,7 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
-// fp32 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1.
+// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,
@@ -37,7 +37,8 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
               qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "indptr must be int32 (batch + 1,)");
   if (num_splits > 1) {
-    TORCH_CHECK(partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512 &&
+    TORCH_CHECK(partial_out.scalar_type() == at::kBFloat16 && partial_lse.scalar_type() == at::kFloat &&
+                partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512 &&
                 partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "split workspace too small");
   }
 
@@ -49,7 +50,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.qo_indptr = qo_indptr.data_ptr<int32_t>();
   p.kv_indptr = kv_indptr.data_ptr<int32_t>();
   p.out = static_cast<uint16_t*>(out.data_ptr());
-  p.partial_out = num_splits > 1 ? partial_out.data_ptr<float>() : nullptr;
+  p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
   p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
   p.q_row_stride = q.stride(0);
   p.q_head_stride = q.stride(1);

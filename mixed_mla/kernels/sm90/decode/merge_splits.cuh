@@ -21,18 +21,17 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __gri
   const int64_t slot = blockIdx.x;  // row * num_heads + head
   const int row = (int)(slot / p.num_heads), head = (int)(slot % p.num_heads);
   const float* lse = p.partial_lse + slot * p.num_splits;
-  const float4* part = reinterpret_cast<const float4*>(p.partial_out + slot * p.num_splits * kHeadDimV) +
-                       threadIdx.x;
+  const uint2* part = reinterpret_cast<const uint2*>(p.partial_out + slot * p.num_splits * kHeadDimV) + threadIdx.x;
   float top = -INFINITY, total = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int s0 = 0; s0 < p.num_splits; s0 += kMergeUnroll) {
     float e[kMergeUnroll];
-    float4 v[kMergeUnroll];
+    uint2 v[kMergeUnroll];  // 4 bf16
 #pragma unroll
     for (int k = 0; k < kMergeUnroll; ++k) {
       const bool live = s0 + k < p.num_splits;
       e[k] = live ? lse[s0 + k] : -INFINITY;
-      v[k] = live ? part[(s0 + k) * (kHeadDimV / 4)] : make_float4(0.f, 0.f, 0.f, 0.f);
+      v[k] = live ? part[(s0 + k) * (kHeadDimV / 4)] : make_uint2(0u, 0u);
     }
     float next_top = top;
 #pragma unroll
@@ -48,7 +47,8 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __gri
       const float w = exp2f(e[k] - top);
       total += w;
       if (w > 0.f) {
-        acc.x += w * v[k].x; acc.y += w * v[k].y; acc.z += w * v[k].z; acc.w += w * v[k].w;
+        acc.x += w * bf16_lo_to_f32(v[k].x); acc.y += w * bf16_hi_to_f32(v[k].x);
+        acc.z += w * bf16_lo_to_f32(v[k].y); acc.w += w * bf16_hi_to_f32(v[k].y);
       }
     }
   }

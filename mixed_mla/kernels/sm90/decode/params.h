@@ -12,7 +12,7 @@ struct DecodeParams {
   const int32_t* qo_indptr;       // (batch + 1,) read on the device and clamped
   const int32_t* kv_indptr;
   uint16_t* out;                  // bf16 (total_q, H, 512), last dim contiguous
-  float* partial_out;             // (total_q, H, num_splits, 512) fp32, used when num_splits > 1
+  uint16_t* partial_out;          // (total_q, H, num_splits, 512) bf16, used when num_splits > 1
   float* partial_lse;             // (total_q, H, num_splits) log2-domain LSE, used when num_splits > 1
   int64_t q_row_stride, q_head_stride;       // elements
   int64_t out_row_stride, out_head_stride;   // elements
