@@ -108,6 +108,7 @@ def check(args):
             out = torch.empty(sum(q_lens), heads, 512, dtype=torch.bfloat16, device="cuda")
             for kv_format, cache in caches.items():
                 for splits in (1, 3, 8, 16, 20):  # the merge folds splits 16 at a time: one chunk (16), two (20)
+                    # fp32-sized partials: room for the bf16 ones (v29 on) and the fp32 ones of older builds
                     workspace = (torch.empty(out.numel() * splits, device="cuda"),
                                  torch.empty(out.shape[0] * heads * splits, device="cuda"))
                     for b in builds:
@@ -165,6 +166,7 @@ def run(args):
         inputs = make_inputs(Shape(batch, kv_len, num_heads=NUM_HEADS), "cuda", batch * 7 + kv_len, (kv_format,))
         q, cache, qo, kvi, out = inputs.q, inputs.caches[kv_format], inputs.qo_indptr, inputs.kv_indptr, inputs.out
         splits_list = [s for s in SPLIT_COUNTS if s == 1 or kv_len // s >= MIN_TOKENS_PER_SPLIT]
+        # fp32-sized partials, as in check()
         workspace = (torch.empty(batch * NUM_HEADS * max(splits_list) * 512, device="cuda"),
                      torch.empty(batch * NUM_HEADS * max(splits_list), device="cuda"))
         check_splits = max(s for s in splits_list if s <= 8)
