@@ -59,9 +59,10 @@ class KernelReport:
 
 
 def demangle_name(mangled: str) -> str:
-    base = "decode_split_kernel" if "decode_split_kernel" in mangled else "merge_splits_kernel"
-    fmt = re.search(r"ILi(\d)E", mangled)
-    return f"{base}<{FORMAT_NAMES[int(fmt.group(1))]}>" if fmt else base
+    arg = re.search(r"ILi(\d+)E", mangled)
+    if "decode_split_kernel" in mangled:
+        return f"decode_split_kernel<{FORMAT_NAMES[int(arg.group(1))]}>"
+    return f"merge_splits_kernel<{arg.group(1)}>" if arg else "merge_splits_kernel"
 
 
 def compile_report(nvcc: str, source_dir: Path) -> list:
@@ -100,7 +101,7 @@ def assess(reports: list, dynamic_smem: list) -> list:
     """Fills dynamic smem (per format, from the probe) and CTAs per SM, and lists each kernel's problems."""
     dynamic = dynamic_smem
     for r in reports:
-        fmt = re.search(r"<(\w+)>", r.name)
+        fmt = re.search(r"<(\w+)>", r.name) if r.name.startswith("decode_split_kernel") else None
         if fmt:
             r.dynamic_smem = dynamic[{v: k for k, v in FORMAT_NAMES.items()}[fmt.group(1)]]
         threads = THREADS[r.name.split("<")[0]]

@@ -88,5 +88,8 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, v
   config.stream = stream;
   config.attrs = &overlap;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, merge_splits_kernel, *p);
+  static_assert(kMaxSplits <= 64, "the merge holds at most 64 splits in flight per thread");
+  if (p->num_splits <= 16) return cudaLaunchKernelEx(&config, merge_splits_kernel<16>, *p);
+  if (p->num_splits <= 32) return cudaLaunchKernelEx(&config, merge_splits_kernel<32>, *p);
+  return cudaLaunchKernelEx(&config, merge_splits_kernel<64>, *p);
 }

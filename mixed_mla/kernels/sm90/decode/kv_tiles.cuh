@@ -1,13 +1,14 @@
 // Per-format KV tiles: how a tile of kTileTokens cache rows reaches shared memory, and how the mma fragments are
-// read from it. Every format serves the same two fragment layouts (see decode_split.cuh):
+// read from it. Every format serves the same two fragment roles (see decode_split.cuh):
 //   K (B operand of S = Q.K^T, n = token, k = dim): thread (g, t) of warp w holds, for k-step j, the dim pairs
-//     D_j and D_j + 2 of token row g, where D_j = 144w + 16 k_chunk(j/4, t) + 4(j%4) for j < 8 and
-//     144w + 128 + 4t for j = 8 (k_chunk(c, t): 4c + t for the padded rows, 2t + c for the swizzled fp8 boxes).
-//     Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
-//   V (B operand of O = P.V, k = token, n = dim): n-tile 4G + r, column g is dim 128w + 32G + 4g + r; the rows
-//     are tokens 16s + 2t (+1) and 16s + 8 + 2t (+1). The output C fragment then holds 8 consecutive dims.
-//     (Reading V through ldmatrix.trans from an f16 copy that Q.K writes halves the fp8 conversions but measured
-//     slower, NOTES_sm90.md v8 and v12.)
+//     D_j and D_j + 2 of token row g, where D_j = chunk_dim(w, j/4, t) + 4(j%4) for j < 8 and last_step_dim(w, t)
+//     for j = 8. Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
+//   V (B operand of O = P.V, k = token, n = dim): n-tile v of warp w covers 8 of its 128 output dims [128w, 128w +
+//     128); out_dim / out_offset say which dim each accumulator holds (store_row.cuh).
+// bf16 rows (and MXFP4 expanded to them) give each warp dims [144w, 144w + 144) for Q.K and read V from the stage
+// as pairs of rows. fp8 rows give warp w the dims of its own P.V share, [128w, 128w + 128), plus 16 of the rope
+// dims, so its converted K fragments of those dims, transposed by movmatrix, are exactly its P.V B fragments:
+// each value is converted once (NOTES_sm90.md v34).
 #pragma once
 #include <stdint.h>
 
@@ -20,7 +21,18 @@ namespace mla_sm90 {
 // Rows of bf16 (1152 B): the stage is the tile. Fragments are bf16 pairs read as they are.
 struct Bf16Rows {
   static constexpr int kRowStride = kBf16SmemRowStride;
-  __device__ __forceinline__ static int k_chunk(int c, int t) { return 4 * c + t; }
+  // The first of the 16 dims of a thread's K chunk c (of 2), and of its 4 dims in the 9th k-step.
+  __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
+    return warp * kDimsPerWarpQK + 16 * (4 * c + t);
+  }
+  __host__ __device__ static constexpr int last_step_dim(int warp, int t) {
+    return warp * kDimsPerWarpQK + 128 + 4 * t;
+  }
+  // o[4G + r][2hr + e] (head row g + 8hr) is output dim out_dim(warp, G, t) + out_offset(r, e).
+  __host__ __device__ static constexpr int out_dim(int warp, int G, int t) {
+    return warp * kDimsPerWarpV + 32 * G + 8 * t;
+  }
+  __host__ __device__ static constexpr int out_offset(int r, int e) { return 4 * e + r; }
 
   struct Lane {
     int warp, g, t;
@@ -30,6 +42,9 @@ struct Bf16Rows {
   __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
                                                 uint32_t kb[kKSteps][2]) {
     const int warp = lane.warp, t = lane.t, row = 8 * n + lane.g;
+    // The byte offsets of chunk_dim and last_step_dim, spelt out (ptxas allocates 6 more registers otherwise).
+    static_assert(2 * chunk_dim(1, 1, 3) == 2 * kDimsPerWarpQK + 128 + 32 * 3, "load_k disagrees with chunk_dim");
+    static_assert(2 * last_step_dim(1, 3) == 2 * kDimsPerWarpQK + 256 + 8 * 3, "load_k disagrees with last_step_dim");
     const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK * 2;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -57,56 +72,52 @@ struct Bf16Rows {
     vb[2][0] = prmt(a.y, b.y, 0x5410); vb[2][1] = prmt(c.y, d.y, 0x5410);
     vb[3][0] = prmt(a.y, b.y, 0x7632); vb[3][1] = prmt(c.y, d.y, 0x7632);
   }
+
+  // P.V's B fragments, read from the stage when P.V needs them; nothing is kept from Q.K.
+  struct VOperands {
+    __device__ __forceinline__ void keep(int, const uint32_t[kKSteps][2]) {}
+    __device__ __forceinline__ void get(const uint8_t* tile, const Lane& lane, int s, int group,
+                                        uint32_t vb[4][2]) const {
+      load_v(tile, lane, s, group, vb);
+    }
+  };
 };
 
 // fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
-// ((d / 16) % 8) ^ (r % 8). The K fragments take a warp's 16-dim chunks as 2t + c (not 4c + t as in the padded
-// layouts), so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
-// banks; the V loads (4 rows 2t + j per load) are conflict-free with the swizzle as it is.
+// ((d / 16) % 8) ^ (r % 8). Warp w's Q.K dims are its P.V dims [128w, 128w + 128) (box w), taken as 16-dim chunks
+// 2t + c, so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
+// banks, plus the rope dims [512 + 16w, 512 + 16w + 16) as its 9th k-step (8 rows of one 4-byte load per lane hit
+// 8 different chunks: conflict-free).
 struct Fp8SwizzledRows {
   __host__ __device__ static constexpr int offset(int row, int d) {
     return (d >> 7) * kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) + (d & 15);
   }
-  // The 16-dim chunk (of the warp's 9) that a thread's 16-byte K load c covers; Q uses the same (qk_operands.cuh).
-  __device__ __forceinline__ static int k_chunk(int c, int t) { return 2 * t + c; }
+  __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
+    return warp * kDimsPerWarpV + 16 * (2 * t + c);
+  }
+  __host__ __device__ static constexpr int last_step_dim(int warp, int t) {
+    return kHeadDimV + warp * (kHeadDimQK - kHeadDimV) / kWarps + 4 * t;
+  }
+  // P.V n-tile v = 2j + h is the transpose of Q.K k-step j's half h (VOperands): thread t holds, in both halves
+  // of k-step j, dims D_j .. D_j + 3 = 128w + 32t + 4j .. + 3, so o[v][2hr + e] is dim 128w + 32t + 2v + e.
+  __host__ __device__ static constexpr int out_dim(int warp, int G, int t) {
+    return warp * kDimsPerWarpV + 32 * t + 8 * G;
+  }
+  __host__ __device__ static constexpr int out_offset(int r, int e) { return 2 * r + e; }
 
-  // A thread's fragment offsets within a stage, computed once per row: K rows 8n + g differ by whole swizzle
-  // periods (8 rows), so n only adds 1 KB; V rows 16s + 2t + j (+ 8) likewise only add 2 KB s (+ 1 KB).
+  // A thread's K fragment offsets within a stage, computed once per row: rows 8n + g differ by whole swizzle
+  // periods (8 rows), so n only adds 1 KB.
   struct Lane {
-    int k_off[3];     // the two 16-byte K loads and the 4-byte one, row g
-    int v_off[4][2];  // V group G, row 2t + j
+    int k_off[3];  // the two 16-byte K loads and the 4-byte one, row g
     __device__ __forceinline__ Lane(int warp, int g, int t) {
-      const int d0 = warp * kDimsPerWarpQK;
-      k_off[0] = offset(g, d0 + 16 * k_chunk(0, t));
-      k_off[1] = offset(g, d0 + 16 * k_chunk(1, t));
-      k_off[2] = offset(g, d0 + 128 + 4 * t);
-#pragma unroll
-      for (int G = 0; G < kVGroups; ++G)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) v_off[G][j] = offset(2 * t + j, warp * kDimsPerWarpV + G * 32 + 4 * g);
+      k_off[0] = offset(g, chunk_dim(warp, 0, t));
+      k_off[1] = offset(g, chunk_dim(warp, 1, t));
+      k_off[2] = offset(g, last_step_dim(warp, t));
       // Opaque to the compiler, which would otherwise recompute the swizzle at every tile to save registers.
 #pragma unroll
       for (int k = 0; k < 3; ++k) asm volatile("" : "+r"(k_off[k]));
-#pragma unroll
-      for (int G = 0; G < kVGroups; ++G) asm volatile("" : "+r"(v_off[G][0]), "+r"(v_off[G][1]));
     }
   };
-
-  __device__ __forceinline__ static void load_v(const uint8_t* tile, const Lane& lane, int s, int group,
-                                                uint32_t vb[4][2]) {
-    const uint8_t* r0 = tile + lane.v_off[group][0] + s * 16 * kFp8BoxBytes;
-    const uint8_t* r1 = tile + lane.v_off[group][1] + s * 16 * kFp8BoxBytes;
-    const uint32_t a = lds<uint32_t>(r0);
-    const uint32_t b = lds<uint32_t>(r1);
-    const uint32_t c = lds<uint32_t>(r0 + 8 * kFp8BoxBytes);
-    const uint32_t e = lds<uint32_t>(r1 + 8 * kFp8BoxBytes);
-    const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
-    const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
-    e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
-    e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
-    e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
-    e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
-  }
 
   __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
                                                 uint32_t kb[kKSteps][2]) {
@@ -121,6 +132,29 @@ struct Fp8SwizzledRows {
     const uint32_t u = lds<uint32_t>(r + lane.k_off[2]);
     e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
   }
+
+  // P.V's B fragments, kept from Q.K: half h of K fragment j of n-tile n is the 8x8 block (tokens 8n .. 8n + 7,
+  // k slots 8h .. 8h + 7); transposed, thread (g, t) holds slot g at tokens 8n + 2t, + 1, i.e. the B fragment half
+  // of P.V k-step n / 2 (tokens 8 (n % 2) + 2t, + 1 of it) for n-tile 2j + h. 64 movmatrix replace the second
+  // conversion of every V value and its 32 LDS + 32 PRMT; they cost 64 registers held from Q.K to P.V.
+  struct VOperands {
+    static constexpr int kKeptSteps = kDimsPerWarpV / 16;  // the k-steps over V dims: all but the rope one
+    static_assert(2 * kKeptSteps == kVTilesPerWarp && kKeptSteps < kKSteps, "one P.V n-tile per k-step half");
+    uint32_t b[kVTilesPerWarp][kKStepsPV][2];
+    __device__ __forceinline__ void keep(int n, const uint32_t kb[kKSteps][2]) {
+#pragma unroll
+      for (int j = 0; j < kKeptSteps; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) b[2 * j + h][n / 2][n % 2] = movmatrix_trans(kb[j][h]);
+    }
+    __device__ __forceinline__ void get(const uint8_t*, const Lane&, int s, int group, uint32_t vb[4][2]) const {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        vb[r][0] = b[4 * group + r][s][0];
+        vb[r][1] = b[4 * group + r][s][1];
+      }
+    }
+  };
 };
 
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are

@@ -1,8 +1,9 @@
 // Combines the per-split partial outputs of each (query row, head): out = sum_s w_s o_s with
 // w_s = 2^(lse_s - max lse) / sum. A row whose splits all saw nothing (lse = -inf everywhere) gets zeros.
-// Latency is the whole cost here (a few MB at most, from L2): every thread loads the LSEs and its partials of
-// kMergeUnroll splits at once and folds them in with a running maximum, so a row of up to kMergeUnroll splits
-// costs one round trip to L2, with no weight pass, shared memory or barrier before the partial loads.
+// Latency is the whole cost here (a few MB at most, from L2): every thread loads the LSEs and its partials of all
+// splits at once, so a row costs one round trip to L2, with no weight pass, shared memory or barrier before the
+// partial loads. The launch picks the smallest kSplitsMax that holds the split count (16, 32 or 64 loads in flight
+// per thread: one pass of 16 over 32 splits cost a second round trip, ~0.9 us, NOTES_sm90.md v35).
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -13,36 +14,30 @@
 
 namespace mla_sm90 {
 
-constexpr int kMergeUnroll = 16;
-
-// grid = total_q * num_heads, kMergeThreads threads: thread i owns dims 4i .. 4i + 3.
+// grid = total_q * num_heads, kMergeThreads threads: thread i owns dims 4i .. 4i + 3. Needs num_splits <= kSplitsMax.
+template <int kSplitsMax>
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __grid_constant__ DecodeParams p) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split kernel's partials are complete and visible
   const int64_t slot = blockIdx.x;  // row * num_heads + head
   const int row = (int)(slot / p.num_heads), head = (int)(slot % p.num_heads);
   const float* lse = p.partial_lse + slot * p.num_splits;
   const uint2* part = reinterpret_cast<const uint2*>(p.partial_out + slot * p.num_splits * kHeadDimV) + threadIdx.x;
-  float top = -INFINITY, total = 0.f;
+  float e[kSplitsMax];
+  uint2 v[kSplitsMax];  // 4 bf16
+#pragma unroll
+  for (int k = 0; k < kSplitsMax; ++k) {
+    const bool live = k < p.num_splits;
+    e[k] = live ? lse[k] : -INFINITY;
+    v[k] = live ? part[k * (kHeadDimV / 4)] : make_uint2(0u, 0u);
+  }
+  float top = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < kSplitsMax; ++k) top = fmaxf(top, e[k]);
+  float total = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = 0; s0 < p.num_splits; s0 += kMergeUnroll) {
-    float e[kMergeUnroll];
-    uint2 v[kMergeUnroll];  // 4 bf16
+  if (top != -INFINITY) {  // else no split saw a token
 #pragma unroll
-    for (int k = 0; k < kMergeUnroll; ++k) {
-      const bool live = s0 + k < p.num_splits;
-      e[k] = live ? lse[s0 + k] : -INFINITY;
-      v[k] = live ? part[(s0 + k) * (kHeadDimV / 4)] : make_uint2(0u, 0u);
-    }
-    float next_top = top;
-#pragma unroll
-    for (int k = 0; k < kMergeUnroll; ++k) next_top = fmaxf(next_top, e[k]);
-    if (next_top == -INFINITY) continue;  // no split with a token yet
-    const float rescale = exp2f(top - next_top);  // top = -inf: 0, and acc, total are still 0
-    acc.x *= rescale; acc.y *= rescale; acc.z *= rescale; acc.w *= rescale;
-    total *= rescale;
-    top = next_top;
-#pragma unroll
-    for (int k = 0; k < kMergeUnroll; ++k) {
+    for (int k = 0; k < kSplitsMax; ++k) {
       // An empty split (lse = -inf) weighs exactly 0, and its partial, which may hold anything, is not used.
       const float w = exp2f(e[k] - top);
       total += w;
