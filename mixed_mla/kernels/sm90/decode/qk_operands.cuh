@@ -108,7 +108,7 @@ struct QkHalf {
     }
   }
 
-  // The K fragments of n-tile n go to `v` (Rows::VOperands) once used, for the rows that reuse them in P.V.
+  // Each n-tile's K fragments, once used, go to `v` (Rows::VOperands), which keeps them where P.V reuses them (fp8).
   __device__ __forceinline__ void partial_scores(const uint8_t* tile, const typename Rows::Lane& lane,
                                                  float s[kNTilesQK][4], typename Rows::VOperands& v) const {
 #pragma unroll

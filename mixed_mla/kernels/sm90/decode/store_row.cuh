@@ -1,6 +1,6 @@
-// The end of a row: normalised output of the two head rows a thread holds (4 pieces of 8 consecutive dims, where
-// the format's fragment layout puts them: kv_tiles.cuh),
-// as bf16 to `out` when the row is not split, else as bf16 partials plus the fp32 log2-domain LSE for the merge.
+// The end of a row: normalised output of the two head rows a thread holds (4 pieces of 8 consecutive dims, placed
+// by the format's fragment layout: Rows::out_dim, kv_tiles.cuh), as bf16 to `out` when the row is not split, else
+// as bf16 partials plus the fp32 log2-domain LSE for the merge.
 // bf16 partials halve the stores at the end of every split CTA (fp32 ones took 1.2-2.3 us at 256 CTAs,
 // NOTES_sm90.md v29); their rounding is that of the output itself, well inside the accuracy bounds.
 #pragma once
