@@ -107,7 +107,7 @@ def check(args):
             q = torch.randn(sum(q_lens), heads, 576, device="cuda", generator=gen).to(torch.bfloat16)
             out = torch.empty(sum(q_lens), heads, 512, dtype=torch.bfloat16, device="cuda")
             for kv_format, cache in caches.items():
-                for splits in (1, 3, 8, 16, 20):  # the merge folds splits 16 at a time: one chunk (16), two (20)
+                for splits in (1, 3, 8, 16, 20, 40):  # each merge instantiation: 16, 32 or 64 splits per pass
                     # fp32-sized partials: room for the bf16 ones (v29 on) and the fp32 ones of older builds
                     workspace = (torch.empty(out.numel() * splits, device="cuda"),
                                  torch.empty(out.shape[0] * heads * splits, device="cuda"))

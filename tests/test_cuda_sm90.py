@@ -57,7 +57,7 @@ def _run(q, cache, kv_format, qo, kvi, splits, max_q_len):
 
 
 @pytest.mark.parametrize("kv_format", KV_FORMATS)
-@pytest.mark.parametrize("splits", [1, 3, 8, 20])   # 20: the merge folds splits 16 at a time
+@pytest.mark.parametrize("splits", [1, 3, 8, 20, 40])   # the merge holds 16, 32 or 64 splits per pass
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[f"L{i}" for i in range(len(LAYOUTS))])
 def test_matches_exact_attention(layout, splits, kv_format):
     q_lens, kv_lens, num_heads = layout
