@@ -7,7 +7,8 @@ GPU machine), called through its C entry `mla_sm90_decode` (launch.h) with ctype
     python bench/compare_sm90_builds.py run [--format fp8] [--shapes 4x1024,...]                 # on the GPU
     python bench/compare_sm90_builds.py check                                                    # on the GPU
 
-`build` writes .build/sm90_builds/<name>.so; `run` loads every .so there. For each build and shape it checks the
+`build` writes .build/sm90_builds/<name>.so; `run` loads every .so there, once per fp8 V source (the backend's
+variants: "<name>" and "<name>/v_from_stage"; the other formats run the first only). For each build and shape it checks the
 output against exact float64 attention (rel. L2, the strict bound of the format), then times every split count
 like bench/kernel_bench_sm90.py (L2 flushed before each call, CUDA events, median) and prints the best per shape
 with its split count and % of the HBM floor, one column per build, plus the geomean. --profile also prints each
@@ -52,11 +53,16 @@ def build(specs):
 
 
 class Build:
-    def __init__(self, path: Path):
-        self.name = path.stem
+    def __init__(self, path: Path, variant: str, v_source: int):
+        self.name = path.stem + (f"/{variant}" if variant else "")
+        self.variant, self.v_source = variant, v_source
         self.lib = ctypes.CDLL(str(path))
-        self.lib.mla_sm90_decode.argtypes = [ctypes.POINTER(DecodeParams), ctypes.c_int, ctypes.c_void_p]
+        self.lib.mla_sm90_decode.argtypes = [ctypes.POINTER(DecodeParams), ctypes.c_int, ctypes.c_int,
+                                             ctypes.c_void_p]
         self.lib.mla_sm90_decode.restype = ctypes.c_int
+
+    def serves(self, kv_format):
+        return kv_format == "fp8" or not self.variant
 
     def launcher(self, q, cache, kv_format, qo, kvi, out, splits, workspace, sm_scale, max_q_len=1):
         import torch
@@ -77,23 +83,30 @@ class Build:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
         def call():
-            err = self.lib.mla_sm90_decode(ctypes.byref(p), code, stream)
+            err = self.lib.mla_sm90_decode(ctypes.byref(p), code, self.v_source, stream)
             if err:
                 raise RuntimeError(f"{self.name}: cudaError {err}")
         return call
 
 
+def load_builds():
+    """Every .so in BUILD_DIR, once per fp8 V source (the cuda_sm90 backend's variants)."""
+    from mixed_mla.backends.cuda_sm90 import FP8_V_SOURCES
+    return [Build(path, variant, code) for path in sorted(BUILD_DIR.glob("*.so"))
+            for variant, code in FP8_V_SOURCES.items()]
+
+
 def check(args):
     """Every build on layouts the timing run never makes: ragged kv lengths (partial tiles, a length of 1, an
-    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-20, every cache format; each output
-    against exact attention with the strict bound. Exits 1 on any failure."""
+    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-40, every cache format and fp8 V
+    source; each output against exact attention with the strict bound. Exits 1 on any failure."""
     import torch
 
     from mixed_mla import formats
     from mixed_mla.constants import DEFAULT_SM_SCALE
     from mixed_mla.exact import STRICT_BOUND, strict_error
 
-    builds = [Build(p) for p in sorted(BUILD_DIR.glob("*.so"))]
+    builds = load_builds()
     gen = torch.Generator(device="cuda").manual_seed(7)
     layouts = [([1, 1, 1], [1, 33, 517]), ([1, 2, 3, 4], [4, 100, 3, 1000]), ([4, 1], [2049, 77]),
                ([1, 2, 1], [0, 1, 40])]
@@ -111,7 +124,7 @@ def check(args):
                     # fp32-sized partials: room for the bf16 ones (v29 on) and the fp32 ones of older builds
                     workspace = (torch.empty(out.numel() * splits, device="cuda"),
                                  torch.empty(out.shape[0] * heads * splits, device="cuda"))
-                    for b in builds:
+                    for b in (b for b in builds if b.serves(kv_format)):
                         out.fill_(float("nan"))
                         b.launcher(q, cache, kv_format, qo, kvi, out, splits, workspace, DEFAULT_SM_SCALE,
                                    max(q_lens))()
@@ -153,12 +166,12 @@ def run(args):
     from tools.peers.inputs import Shape, make_inputs
     from mixed_mla.exact import STRICT_BOUND, strict_error
 
-    builds = [Build(p) for p in sorted(BUILD_DIR.glob("*.so"))]
+    kv_format = args.format
+    builds = [b for b in load_builds() if b.serves(kv_format)]
     if not builds:
         sys.exit(f"no builds in {BUILD_DIR}: run the build step first")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     flush = torch.empty(FLUSH_BYTES, dtype=torch.int8, device="cuda")
-    kv_format = args.format
     best = {}   # (build, shape) -> (us, splits)
     errors = {}
     profiles = {b.name: [] for b in builds}

@@ -37,7 +37,10 @@ BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": (
 # cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.3-2x slower than fp8
 # on all 8 benchmark shapes (bench/results/sm90/kernel_bench_2026-12-02.json).
 FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
-BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast")}  # first = heuristic default
+BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"),  # first = heuristic default
+                    "cuda_sm90": ("", "v_from_stage")}
+# Variants that exist for some cache formats only (the others have just the backend's first variant).
+VARIANT_FORMATS = {("cuda_sm90", "v_from_stage"): ("fp8",)}
 AITER_PAGE_SIZES = (1, 2, 8)
 
 # Split heuristic: fill the device with about two waves of stage-1 workgroups (a second wave hides the tail of the
@@ -145,6 +148,12 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
     return plan
 
 
+def variants(backend: str, kv_format: str) -> tuple:
+    """The variants of `backend` that apply to `kv_format`, its default first."""
+    return tuple(v for v in BACKEND_VARIANTS.get(backend, ("",))
+                 if kv_format in VARIANT_FORMATS.get((backend, v), (kv_format,)))
+
+
 def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -> list:
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
@@ -161,7 +170,7 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
             if backend == "torch":
                 continue
             page_sizes = AITER_PAGE_SIZES if backend == "aiter" else (1,)
-            for variant in BACKEND_VARIANTS.get(backend, ("",)):
+            for variant in variants(backend, kv_format):
                 for page_size in page_sizes:
                     plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate") for s in split_counts)
     unique = {}

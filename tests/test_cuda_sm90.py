@@ -12,13 +12,16 @@ import torch
 
 from mixed_mla import exact, formats
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS
-from mixed_mla.planner import Plan
+from mixed_mla.planner import Plan, variants
 
 TIGHT_BOUND = 1e-2
 
 cuda_sm90 = pytest.importorskip("mixed_mla.backends.cuda_sm90")
 if not torch.cuda.is_available() or cuda_sm90.available(torch.device("cuda")) is not None:
     pytest.skip("needs an sm_90 GPU with the cuda_sm90 backend built", allow_module_level=True)
+
+# Every (format, variant) the backend launches: fp8 has two fragment layouts (V from K fragments or from the stage).
+FORMAT_VARIANTS = [(f, v) for f in KV_FORMATS for v in variants("cuda_sm90", f)]
 
 LAYOUTS = [  # (q_lens, kv_lens, num_heads)
     ([1], [1], 16),
@@ -48,41 +51,41 @@ def _cache(kv, kv_format):
         kv_format]()
 
 
-def _run(q, cache, kv_format, qo, kvi, splits, max_q_len):
+def _run(q, cache, kv_format, qo, kvi, splits, max_q_len, variant=""):
     out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits)
+    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant)
     cuda_sm90.run(q, cache, kv_format, qo, kvi, out, plan, DEFAULT_SM_SCALE, max_q_len)
     torch.cuda.synchronize()
     return out
 
 
-@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
 @pytest.mark.parametrize("splits", [1, 3, 8, 20, 40])   # the merge holds 16, 32 or 64 splits per pass
 @pytest.mark.parametrize("layout", LAYOUTS, ids=[f"L{i}" for i in range(len(LAYOUTS))])
-def test_matches_exact_attention(layout, splits, kv_format):
+def test_matches_exact_attention(layout, splits, kv_format, variant):
     q_lens, kv_lens, num_heads = layout
     q, kv, qo, kvi = _case(q_lens, kv_lens, num_heads, seed=len(q_lens) * 31 + splits)
     cache = _cache(kv, kv_format)
-    out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens))
+    out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens), variant)
     err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
-    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, splits {splits}, {kv_format}"
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, splits {splits}, {kv_format} {variant!r}"
 
 
-@pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_a_wrong_answer_fails_the_bound(kv_format):
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+def test_a_wrong_answer_fails_the_bound(kv_format, variant):
     """Negative case: the output for other queries (same cache) is far outside the bound."""
     q, kv, qo, kvi = _case([1, 2], [300, 900], 16, seed=3)
     cache = _cache(kv, kv_format)
-    out = _run(q.roll(1, dims=0), cache, kv_format, qo, kvi, 2, 2)
+    out = _run(q.roll(1, dims=0), cache, kv_format, qo, kvi, 2, 2, variant)
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) > 0.3
 
 
 @pytest.mark.parametrize("q_scale", [1e-3, 1e2, 1e4])
-@pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_large_and_small_queries_stay_accurate(kv_format, q_scale):
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+def test_large_and_small_queries_stay_accurate(kv_format, variant, q_scale):
     q, kv, qo, kvi = _case([1, 2], [300, 2000], 16, seed=5, q_scale=q_scale)
     cache = _cache(kv, kv_format)
-    out = _run(q, cache, kv_format, qo, kvi, 4, 2)
+    out = _run(q, cache, kv_format, qo, kvi, 4, 2, variant)
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
 
 
@@ -99,8 +102,15 @@ def test_garbage_indptr_reads_nothing_out_of_bounds():
     for trial in range(4):
         qo = torch.randint(-50, 60, (9,), generator=gen, dtype=torch.int32).cuda()
         kvi = torch.randint(-2000, 3000, (9,), generator=gen, dtype=torch.int32).cuda()
-        for kv_format in KV_FORMATS:
-            _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1 + trial % 3, 2)
+        for kv_format, variant in FORMAT_VARIANTS:
+            _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1 + trial % 3, 2, variant)
+
+
+def test_a_variant_is_refused_where_it_does_not_apply():
+    q, kv, qo, kvi = _case([1], [40], 16, seed=2)
+    for kv_format, variant in (("bf16", "v_from_stage"), ("fp8", "occ3")):
+        with pytest.raises(ValueError, match="variant"):
+            _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1, 1, variant)
 
 
 def test_outputs_are_not_reused_between_calls():

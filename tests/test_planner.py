@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from mixed_mla import planner
 from mixed_mla.constants import KV_FORMATS, SUPPORTED_NUM_HEADS
-from mixed_mla.planner import Plan, candidates, heuristic_splits, plan_for
+from mixed_mla.planner import Plan, candidates, heuristic_splits, plan_for, variants
 
 
 @pytest.fixture(autouse=True)
@@ -173,6 +173,14 @@ def test_candidates_cover_the_backends_variants_and_splits():
     assert {p.page_size for p in plans if p.backend == "aiter"} == {1, 2, 8}
     assert {p.num_splits for p in plans} == {1, 2, 4, 8, 16}              # >= 64 tokens per split
     assert len(plans) == len(set((p.backend, p.kv_format, p.num_splits, p.variant, p.page_size) for p in plans))
+
+
+def test_a_format_specific_variant_is_a_candidate_of_its_format_only():
+    plans = candidates("sm90", 4, 1, 1024, 16)
+    assert {(p.kv_format, p.variant) for p in plans} == {("bf16", ""), ("fp8", ""), ("fp8", "v_from_stage"),
+                                                        ("mxfp4", "")}
+    assert variants("cuda_sm90", "mxfp4") == ("",) and variants("cuda_sm90", "fp8") == ("", "v_from_stage")
+    assert variants("torch", "fp8") == ("",)
 
 
 def test_candidates_without_a_compiled_backend_are_the_torch_plans(monkeypatch):

@@ -30,6 +30,7 @@ SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
+FP8_V_SOURCE_NAMES = {0: "v_from_k", 1: "v_from_stage"}               # config.h Fp8VSource
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -59,10 +60,12 @@ class KernelReport:
 
 
 def demangle_name(mangled: str) -> str:
-    arg = re.search(r"ILi(\d+)E", mangled)
+    args = [int(a) for a in re.findall(r"Li(\d+)E", mangled)]
     if "decode_split_kernel" in mangled:
-        return f"decode_split_kernel<{FORMAT_NAMES[int(arg.group(1))]}>"
-    return f"merge_splits_kernel<{arg.group(1)}>" if arg else "merge_splits_kernel"
+        fmt = FORMAT_NAMES[args[0]]
+        v_source = f", {FP8_V_SOURCE_NAMES[args[1]]}" if fmt == "fp8" and len(args) > 1 else ""
+        return f"decode_split_kernel<{fmt}{v_source}>"
+    return f"merge_splits_kernel<{args[0]}>" if args else "merge_splits_kernel"
 
 
 def compile_report(nvcc: str, source_dir: Path) -> list:
@@ -101,7 +104,7 @@ def assess(reports: list, dynamic_smem: list) -> list:
     """Fills dynamic smem (per format, from the probe) and CTAs per SM, and lists each kernel's problems."""
     dynamic = dynamic_smem
     for r in reports:
-        fmt = re.search(r"<(\w+)>", r.name) if r.name.startswith("decode_split_kernel") else None
+        fmt = re.search(r"<(\w+)", r.name) if r.name.startswith("decode_split_kernel") else None
         if fmt:
             r.dynamic_smem = dynamic[{v: k for k, v in FORMAT_NAMES.items()}[fmt.group(1)]]
         threads = THREADS[r.name.split("<")[0]]
@@ -129,9 +132,9 @@ def main() -> int:
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
     else:
-        print(f"{'kernel':30s} {'regs':>5s} {'smem':>7s} {'stack':>6s} {'spills':>7s} {'CTA/SM':>7s}  problems")
+        print(f"{'kernel':38s} {'regs':>5s} {'smem':>7s} {'stack':>6s} {'spills':>7s} {'CTA/SM':>7s}  problems")
         for r in reports:
-            print(f"{r.name:30s} {r.registers:5d} {r.static_smem + r.dynamic_smem:7d} {r.stack_frame:6d} "
+            print(f"{r.name:38s} {r.registers:5d} {r.static_smem + r.dynamic_smem:7d} {r.stack_frame:6d} "
                   f"{r.spill_stores + r.spill_loads:7d} {r.ctas_per_sm:7d}  {'; '.join(r.problems) or 'ok'}")
     return 1 if not reports or any(r.problems for r in reports) else 0
 

@@ -62,5 +62,8 @@ constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
 
 enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
+// Where fp8 P.V gets its V fragments (kv_tiles.cuh Fp8SwizzledRows): Q.K's converted K fragments transposed, or the
+// stage read and converted again. A launch parameter (the planner's variant); the other formats ignore it.
+enum Fp8VSource : int { kFp8VFromK = 0, kFp8VFromStage = 1 };
 
 }  // namespace mla_sm90

@@ -36,7 +36,7 @@ cudaError_t fp8_tile_map(const DecodeParams& p, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kFormat>
+template <int kFormat, int kVSource = kFp8VFromK>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   constexpr int kSmem = split_smem_bytes<kFormat>();
   // The >48 KB dynamic shared memory opt-in is per device; set it once for each.
@@ -45,7 +45,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(decode_split_kernel<kFormat>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVSource>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmem);
     if (err != cudaSuccess) return err;
     configured[device] = true;
   }
@@ -55,14 +56,15 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
-  decode_split_kernel<kFormat><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
+  decode_split_kernel<kFormat, kVSource><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
   return cudaGetLastError();
 }
 
 }  // namespace
 }  // namespace mla_sm90
 
-extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, void* stream_handle) {
+extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, int fp8_v_source,
+                               void* stream_handle) {
   using namespace mla_sm90;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
@@ -73,7 +75,11 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, v
   cudaError_t err;
   switch (kv_format) {
     case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
-    case kFormatFp8: err = launch_split<kFormatFp8>(*p, stream); break;
+    case kFormatFp8:
+      if (fp8_v_source == kFp8VFromK) err = launch_split<kFormatFp8, kFp8VFromK>(*p, stream);
+      else if (fp8_v_source == kFp8VFromStage) err = launch_split<kFormatFp8, kFp8VFromStage>(*p, stream);
+      else return cudaErrorInvalidValue;
+      break;
     case kFormatMxfp4: err = launch_split<kFormatMxfp4>(*p, stream); break;
     default: return cudaErrorInvalidValue;
   }

@@ -8,8 +8,9 @@
 //               goes through shared memory (1 KB) to every warp as mma A fragments. The exponentials' base moves
 //               lazily (only when a score passes it by 2^8), so the tile maxima are combined, and o rescaled, only
 //               then.
-//   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments from the stage (bf16, MXFP4) or, for
-//               fp8, Q.K's converted K fragments of the same dims transposed by movmatrix (kv_tiles.cuh).
+//   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments from the stage (bf16, MXFP4, fp8 with
+//               kFp8VFromStage) or Q.K's converted K fragments of the same dims transposed by movmatrix (fp8 with
+//               kFp8VFromK; kv_tiles.cuh).
 // Tiles reach the stages by TMA (fp8: thread 0 issues 5 swizzled boxes per tile, an mbarrier per stage) or by
 // cp.async from every thread (bf16, MXFP4), kStages deep.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
@@ -52,11 +53,11 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
 }
 
 // One query row x 16 heads over cache rows [first_row, first_row + count).
-template <int kFormat>
+template <int kFormat, int kVSource>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
                                            uint32_t& phases, int row, int head0, int first_row, int count,
                                            int split) {
-  using Tile = KvTile<kFormat>;
+  using Tile = KvTile<kFormat, kVSource>;
   uint8_t* stages = smem;
   uint8_t* expanded = smem + Tile::kStages * Tile::kStageBytes;
   float* red = reinterpret_cast<float*>(expanded + Tile::kExpandedBytes);
@@ -76,7 +77,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const typename Tile::Rows::Lane lane_addr(warp, g, t);
   if (tiles > 0) pipe.issue(stages, 0, p, first_row, count);
   pipe.close();
-  typename QkFor<kFormat>::type qk;
+  typename QkFor<kFormat, kVSource>::type qk;
   uint32_t q_words[2][kKSteps][2];
   qk.fetch(p, row, head0, warp, g, t, q_words);
 #pragma unroll
@@ -234,13 +235,13 @@ constexpr int split_smem_bytes() {
   return row_smem_bytes<kFormat>() + (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
-// grid = (num_splits, max_q_len * num_heads / 16, batch). Segment bounds come from the indptr contents, clamped
+// grid = (num_splits, max_q_len * num_heads / 16, batch). kVSource: Fp8VSource (fp8 only). Segment bounds come from the indptr contents, clamped
 // to the tensors, so no indptr value can send a read out of bounds. Query r of a segment of q_len rows attends
 // its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of those.
-template <int kFormat>
+template <int kFormat, int kVSource>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_split_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
-  using Tile = KvTile<kFormat>;
+  using Tile = KvTile<kFormat, kVSource>;
   extern __shared__ __align__(128) uint8_t smem_block[];
   // Swizzled TMA boxes need 1 KB alignment; the dynamic block only guarantees 16 bytes.
   uint8_t* smem = smem_block;
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
     const int lo = min((int)blockIdx.x * share, attend);
     const int hi = min(lo + share, attend);
-    decode_row<kFormat>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo, blockIdx.x);
+    decode_row<kFormat, kVSource>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo, blockIdx.x);
     __syncthreads();  // shared memory is reused by the next row
   }
 }

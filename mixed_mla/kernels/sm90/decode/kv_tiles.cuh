@@ -6,11 +6,12 @@
 //   V (B operand of O = P.V, k = token, n = dim): n-tile v of warp w covers 8 of its 128 output dims [128w, 128w +
 //     128); out_dim / out_offset say which dim each accumulator holds (store_row.cuh).
 // bf16 rows (and MXFP4 expanded to them) give each warp dims [144w, 144w + 144) for Q.K and read V from the stage
-// as pairs of rows. fp8 rows give warp w the dims of its own P.V share, [128w, 128w + 128), plus 16 of the rope
-// dims, so its converted K fragments of those dims, transposed by movmatrix, are exactly its P.V B fragments:
-// each value is converted once (NOTES_sm90.md v34).
+// as pairs of rows. fp8 rows come in two layouts (Fp8SwizzledRows): the same, or one whose Q.K fragments are
+// also P.V's, transposed by movmatrix (NOTES_sm90.md v34).
 #pragma once
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "config.h"
 #include "params.h"
@@ -84,31 +85,40 @@ struct Bf16Rows {
 };
 
 // fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
-// ((d / 16) % 8) ^ (r % 8). Warp w's Q.K dims are its P.V dims [128w, 128w + 128) (box w), taken as 16-dim chunks
-// 2t + c, so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
-// banks, plus the rope dims [512 + 16w, 512 + 16w + 16) as its 9th k-step (8 rows of one 4-byte load per lane hit
-// 8 different chunks: conflict-free).
+// ((d / 16) % 8) ^ (r % 8). K chunks are taken as 16-dim chunks 2t + c (not 4c + t as in the padded layouts), so
+// that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different banks. Two
+// layouts, one per source of P.V's V fragments (a planner variant: each wins on some shapes, NOTES_sm90.md v38):
+//   kFp8VFromK: warp w's Q.K dims are its P.V dims [128w, 128w + 128) (box w) plus the rope dims [512 + 16w,
+//     512 + 16w + 16) as its 9th k-step (8 rows of one 4-byte load per lane hit 8 different chunks), so its
+//     converted K fragments, transposed by movmatrix, are its P.V B fragments: each value is converted once, at
+//     the cost of 64 registers held from Q.K to P.V (faster where the steady state dominates: 256 CTAs, long rows).
+//   kFp8VFromStage: warp w's Q.K dims are [144w, 144w + 144), and P.V reads and converts V from the stage again
+//     (fewer registers and a shorter chain between the products: faster on the short and one-CTA-per-SM calls).
+template <int kVSource>
 struct Fp8SwizzledRows {
+  static constexpr bool kVFromK = kVSource == kFp8VFromK;
   __host__ __device__ static constexpr int offset(int row, int d) {
     return (d >> 7) * kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) + (d & 15);
   }
   __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
-    return warp * kDimsPerWarpV + 16 * (2 * t + c);
+    return (kVFromK ? warp * kDimsPerWarpV : warp * kDimsPerWarpQK) + 16 * (2 * t + c);
   }
   __host__ __device__ static constexpr int last_step_dim(int warp, int t) {
-    return kHeadDimV + warp * (kHeadDimQK - kHeadDimV) / kWarps + 4 * t;
+    return (kVFromK ? kHeadDimV + warp * (kHeadDimQK - kHeadDimV) / kWarps : warp * kDimsPerWarpQK + 128) + 4 * t;
   }
-  // P.V n-tile v = 2j + h is the transpose of Q.K k-step j's half h (VOperands): thread t holds, in both halves
-  // of k-step j, dims D_j .. D_j + 3 = 128w + 32t + 4j .. + 3, so o[v][2hr + e] is dim 128w + 32t + 2v + e.
+  // kFp8VFromK: P.V n-tile v = 2j + h is the transpose of Q.K k-step j's half h (VOperands): thread t holds, in
+  // both halves of k-step j, dims D_j .. D_j + 3 = 128w + 32t + 4j .. + 3, so o[v][2hr + e] is dim 128w + 32t +
+  // 2v + e. kFp8VFromStage: n-tile 4G + r, column g is dim 128w + 32G + 4g + r (load_v), as for bf16 rows.
   __host__ __device__ static constexpr int out_dim(int warp, int G, int t) {
-    return warp * kDimsPerWarpV + 32 * t + 8 * G;
+    return warp * kDimsPerWarpV + (kVFromK ? 32 * t + 8 * G : 32 * G + 8 * t);
   }
-  __host__ __device__ static constexpr int out_offset(int r, int e) { return 2 * r + e; }
+  __host__ __device__ static constexpr int out_offset(int r, int e) { return kVFromK ? 2 * r + e : 4 * e + r; }
 
-  // A thread's K fragment offsets within a stage, computed once per row: rows 8n + g differ by whole swizzle
-  // periods (8 rows), so n only adds 1 KB.
+  // A thread's fragment offsets within a stage, computed once per row: K rows 8n + g differ by whole swizzle
+  // periods (8 rows), so n only adds 1 KB; V rows 16s + 2t + j (+ 8) likewise only add 2 KB s (+ 1 KB).
   struct Lane {
-    int k_off[3];  // the two 16-byte K loads and the 4-byte one, row g
+    int k_off[3];                                // the two 16-byte K loads and the 4-byte one, row g
+    int v_off[kVFromK ? 1 : kVGroups][2];        // V group G, row 2t + j (kFp8VFromStage only)
     __device__ __forceinline__ Lane(int warp, int g, int t) {
       k_off[0] = offset(g, chunk_dim(warp, 0, t));
       k_off[1] = offset(g, chunk_dim(warp, 1, t));
@@ -116,6 +126,15 @@ struct Fp8SwizzledRows {
       // Opaque to the compiler, which would otherwise recompute the swizzle at every tile to save registers.
 #pragma unroll
       for (int k = 0; k < 3; ++k) asm volatile("" : "+r"(k_off[k]));
+      if constexpr (!kVFromK) {
+#pragma unroll
+        for (int G = 0; G < kVGroups; ++G)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            v_off[G][j] = offset(2 * t + j, warp * kDimsPerWarpV + G * 32 + 4 * g);
+            asm volatile("" : "+r"(v_off[G][j]));
+          }
+      }
     }
   };
 
@@ -133,11 +152,29 @@ struct Fp8SwizzledRows {
     e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
   }
 
-  // P.V's B fragments, kept from Q.K: half h of K fragment j of n-tile n is the 8x8 block (tokens 8n .. 8n + 7,
-  // k slots 8h .. 8h + 7); transposed, thread (g, t) holds slot g at tokens 8n + 2t, + 1, i.e. the B fragment half
-  // of P.V k-step n / 2 (tokens 8 (n % 2) + 2t, + 1 of it) for n-tile 2j + h. 64 movmatrix replace the second
-  // conversion of every V value and its 32 LDS + 32 PRMT; they cost 64 registers held from Q.K to P.V.
-  struct VOperands {
+  // kFp8VFromStage: V group G of k-step s, 4 bytes of each of tokens 2t, 2t + 1, 2t + 8, 2t + 9 (dims 4g .. 4g + 3
+  // of the group), paired by token and converted.
+  __device__ __forceinline__ static void load_v(const uint8_t* tile, const Lane& lane, int s, int group,
+                                                uint32_t vb[4][2]) {
+    const uint8_t* r0 = tile + lane.v_off[group][0] + s * 16 * kFp8BoxBytes;
+    const uint8_t* r1 = tile + lane.v_off[group][1] + s * 16 * kFp8BoxBytes;
+    const uint32_t a = lds<uint32_t>(r0);
+    const uint32_t b = lds<uint32_t>(r1);
+    const uint32_t c = lds<uint32_t>(r0 + 8 * kFp8BoxBytes);
+    const uint32_t e = lds<uint32_t>(r1 + 8 * kFp8BoxBytes);
+    const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
+    const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
+    e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
+    e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
+    e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
+    e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
+  }
+
+  // kFp8VFromK: P.V's B fragments, kept from Q.K: half h of K fragment j of n-tile n is the 8x8 block (tokens
+  // 8n .. 8n + 7, k slots 8h .. 8h + 7); transposed, thread (g, t) holds slot g at tokens 8n + 2t, + 1, i.e. the
+  // B fragment half of P.V k-step n / 2 (tokens 8 (n % 2) + 2t, + 1 of it) for n-tile 2j + h. 64 movmatrix
+  // replace the second conversion of every V value and its 32 LDS + 32 PRMT.
+  struct VFromK {
     static constexpr int kKeptSteps = kDimsPerWarpV / 16;  // the k-steps over V dims: all but the rope one
     static_assert(2 * kKeptSteps == kVTilesPerWarp && kKeptSteps < kKSteps, "one P.V n-tile per k-step half");
     uint32_t b[kVTilesPerWarp][kKStepsPV][2];
@@ -155,6 +192,15 @@ struct Fp8SwizzledRows {
       }
     }
   };
+  // kFp8VFromStage: nothing is kept from Q.K.
+  struct VFromStage {
+    __device__ __forceinline__ void keep(int, const uint32_t[kKSteps][2]) {}
+    __device__ __forceinline__ void get(const uint8_t* tile, const Lane& lane, int s, int group,
+                                        uint32_t vb[4][2]) const {
+      load_v(tile, lane, s, group, vb);
+    }
+  };
+  using VOperands = std::conditional_t<kVFromK, VFromK, VFromStage>;
 };
 
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are
@@ -216,11 +262,12 @@ struct RowCopier {
   }
 };
 
-template <int kFormat>
+// kVSource (config.h Fp8VSource) selects the fp8 fragment layout; the other formats have one.
+template <int kFormat, int kVSource = kFp8VFromK>
 struct KvTile;
 
-template <>
-struct KvTile<kFormatBf16> {
+template <int kVSource>
+struct KvTile<kFormatBf16, kVSource> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
@@ -237,9 +284,9 @@ struct KvTile<kFormatBf16> {
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
 
-template <>
-struct KvTile<kFormatFp8> {
-  using Rows = Fp8SwizzledRows;
+template <int kVSource>
+struct KvTile<kFormatFp8, kVSource> {
+  using Rows = Fp8SwizzledRows<kVSource>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = true;
   static constexpr int kStages = kStagesFp8;
@@ -286,8 +333,8 @@ __device__ __forceinline__ uint32_t fp4x2_to_bf16x2(uint32_t byte, float block_s
 
 // MXFP4: the stage holds the packed rows (288 B) and their 24 scale bytes; `prepare` expands it once into a bf16
 // tile that the bf16 fragment loaders read, so K and V share one dequantisation per value.
-template <>
-struct KvTile<kFormatMxfp4> {
+template <int kVSource>
+struct KvTile<kFormatMxfp4, kVSource> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;

@@ -126,10 +126,10 @@ struct QkHalf {
   }
 };
 
-// The Q side each cache format uses.
-template <int kFormat>
+// The Q side each cache format (and fp8 layout) uses.
+template <int kFormat, int kVSource>
 struct QkFor { using type = QkHalf<Bf16Rows, false>; };
-template <>
-struct QkFor<kFormatFp8> { using type = QkHalf<Fp8SwizzledRows, true>; };
+template <int kVSource>
+struct QkFor<kFormatFp8, kVSource> { using type = QkHalf<Fp8SwizzledRows<kVSource>, true>; };
 
 }  // namespace mla_sm90
