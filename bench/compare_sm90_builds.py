@@ -7,12 +7,12 @@ GPU machine), called through its C entry `mla_sm90_decode` (launch.h) with ctype
     python bench/compare_sm90_builds.py run [--format fp8] [--shapes 4x1024,...]                 # on the GPU
     python bench/compare_sm90_builds.py check                                                    # on the GPU
 
-`build` writes .build/sm90_builds/<name>.so; `run` loads every .so there, once per fp8 V source (the backend's
-variants: "<name>" and "<name>/v_from_stage"; the other formats run the first only). For each build and shape it checks the
-output against exact float64 attention (rel. L2, the strict bound of the format), then times every split count
-like bench/kernel_bench_sm90.py (L2 flushed before each call, CUDA events, median) and prints the best per shape
-with its split count and % of the HBM floor, one column per build, plus the geomean. --profile also prints each
-kernel's own device time (torch.profiler) at every build's best split count: split kernel against merge.
+`build` writes .build/sm90_builds/<name>.so; `run` loads every .so there, once per fp8 variant of the backend
+("<name>", "<name>/v_from_stage", "<name>/tile64"; the other formats run the first only). For each build and shape
+it checks the output against exact float64 attention (rel. L2, the strict bound of the format), then times every
+split count like bench/kernel_bench_sm90.py (L2 flushed before each call, CUDA events, median) and prints the best
+per shape with its split count and % of the HBM floor, one column per build, plus the geomean. --profile also prints
+each kernel's own device time (torch.profiler) at every build's best split count: split kernel against merge.
 """
 import argparse
 import ctypes
@@ -53,9 +53,9 @@ def build(specs):
 
 
 class Build:
-    def __init__(self, path: Path, variant: str, v_source: int):
+    def __init__(self, path: Path, variant: str, code: int):
         self.name = path.stem + (f"/{variant}" if variant else "")
-        self.variant, self.v_source = variant, v_source
+        self.variant, self.variant_code = variant, code
         self.lib = ctypes.CDLL(str(path))
         self.lib.mla_sm90_decode.argtypes = [ctypes.POINTER(DecodeParams), ctypes.c_int, ctypes.c_int,
                                              ctypes.c_void_p]
@@ -83,23 +83,23 @@ class Build:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
         def call():
-            err = self.lib.mla_sm90_decode(ctypes.byref(p), code, self.v_source, stream)
+            err = self.lib.mla_sm90_decode(ctypes.byref(p), code, self.variant_code, stream)
             if err:
                 raise RuntimeError(f"{self.name}: cudaError {err}")
         return call
 
 
 def load_builds():
-    """Every .so in BUILD_DIR, once per fp8 V source (the cuda_sm90 backend's variants)."""
-    from mixed_mla.backends.cuda_sm90 import FP8_V_SOURCES
+    """Every .so in BUILD_DIR, once per fp8 variant of the cuda_sm90 backend."""
+    from mixed_mla.backends.cuda_sm90 import FP8_VARIANTS
     return [Build(path, variant, code) for path in sorted(BUILD_DIR.glob("*.so"))
-            for variant, code in FP8_V_SOURCES.items()]
+            for variant, code in FP8_VARIANTS.items()]
 
 
 def check(args):
     """Every build on layouts the timing run never makes: ragged kv lengths (partial tiles, a length of 1, an
-    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-40, every cache format and fp8 V
-    source; each output against exact attention with the strict bound. Exits 1 on any failure."""
+    empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-40, every cache format and fp8
+    variant; each output against exact attention with the strict bound. Exits 1 on any failure."""
     import torch
 
     from mixed_mla import formats

@@ -29,22 +29,22 @@ def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm(capsys):
     with capsys.disabled():   # the resource report belongs in the CI log, pass or fail
         print("\n" + result.stdout, result.stderr)
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ("bf16", "fp8, v_from_k", "fp8, v_from_stage", "mxfp4"):
+    for name in ("bf16", "fp8, v_from_k", "fp8, v_from_stage", "fp8, tile64", "mxfp4"):
         assert f"decode_split_kernel<{name}>" in result.stdout
     assert "merge_splits_kernel" in result.stdout
 
 
 def test_a_spill_is_a_problem():
-    reports = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=8, regs=200)), [0, 80000, 0])
+    reports = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=8, regs=200)), {"fp8": 80000})
     assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].spill_stores == 8
     assert any("local memory" in p for p in reports[0].problems)
 
 
 def test_registers_that_break_occupancy_are_a_problem():
-    ok = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=255)), [0, 80000, 0])
+    ok = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=255)), {"fp8": 80000})
     assert ok[0].ctas_per_sm == 2 and not ok[0].problems
     # 2 CTAs x 128 threads x 256 registers fill the 64K register file; a larger smem footprint halves it.
-    big = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=200)), [0, 150000, 0])
+    big = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=200)), {"fp8": 150000})
     assert big[0].ctas_per_sm == 1 and big[0].problems
 
 

@@ -30,7 +30,9 @@ SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
-FP8_V_SOURCE_NAMES = {0: "v_from_k", 1: "v_from_stage"}               # config.h Fp8VSource
+FP8_VARIANT_NAMES = {0: "v_from_k", 1: "v_from_stage", 2: "tile64"}  # config.h Fp8Variant
+# (format, variant) of every split kernel decode.cu launches, as the probe prints their dynamic shared memory
+SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -40,8 +42,9 @@ SMEM_PROBE = """
 #include <cstdio>
 #include "decode_split.cuh"
 int main() {
-  std::printf("%d %d %d\\n", mla_sm90::split_smem_bytes<0>(), mla_sm90::split_smem_bytes<1>(),
-              mla_sm90::split_smem_bytes<2>());
+  std::printf("%d %d %d %d %d\\n", mla_sm90::split_smem_bytes<0, 0>(), mla_sm90::split_smem_bytes<1, 0>(),
+              mla_sm90::split_smem_bytes<1, 1>(), mla_sm90::split_smem_bytes<1, 2>(),
+              mla_sm90::split_smem_bytes<2, 0>());
 }
 """
 
@@ -59,12 +62,16 @@ class KernelReport:
     problems: tuple = ()
 
 
+def split_label(fmt: int, variant: int) -> str:
+    """The split kernel's template arguments as the report names them: the format, and the variant for fp8."""
+    return FORMAT_NAMES[fmt] + (f", {FP8_VARIANT_NAMES[variant]}" if fmt == 1 else "")
+
+
 def demangle_name(mangled: str) -> str:
     args = [int(a) for a in re.findall(r"Li(\d+)E", mangled)]
     if "decode_split_kernel" in mangled:
-        fmt = FORMAT_NAMES[args[0]]
-        v_source = f", {FP8_V_SOURCE_NAMES[args[1]]}" if fmt == "fp8" and len(args) > 1 else ""
-        return f"decode_split_kernel<{fmt}{v_source}>"
+        label = split_label(args[0], args[1]) if len(args) > 1 else FORMAT_NAMES[args[0]]
+        return f"decode_split_kernel<{label}>"
     return f"merge_splits_kernel<{args[0]}>" if args else "merge_splits_kernel"
 
 
@@ -80,8 +87,8 @@ def compile_report(nvcc: str, source_dir: Path) -> list:
                                capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(f"nvcc failed on the shared-memory probe:\n{built.stderr}")
-        dynamic = [int(v) for v in subprocess.run([f"{tmp}/probe"], capture_output=True, text=True,
-                                                  check=True).stdout.split()]
+        sizes = subprocess.run([f"{tmp}/probe"], capture_output=True, text=True, check=True).stdout.split()
+        dynamic = {split_label(*kernel): int(v) for kernel, v in zip(SPLIT_KERNELS, sizes)}
     return assess(parse_ptxas(result.stderr), dynamic)
 
 
@@ -100,13 +107,13 @@ def parse_ptxas(log: str) -> list:
     return reports
 
 
-def assess(reports: list, dynamic_smem: list) -> list:
-    """Fills dynamic smem (per format, from the probe) and CTAs per SM, and lists each kernel's problems."""
-    dynamic = dynamic_smem
+def assess(reports: list, dynamic_smem: dict) -> list:
+    """Fills dynamic smem ({split kernel label: bytes}, from the probe) and CTAs per SM, and lists each kernel's
+    problems."""
     for r in reports:
-        fmt = re.search(r"<(\w+)", r.name) if r.name.startswith("decode_split_kernel") else None
+        fmt = re.search(r"<(.+)>", r.name) if r.name.startswith("decode_split_kernel") else None
         if fmt:
-            r.dynamic_smem = dynamic[{v: k for k, v in FORMAT_NAMES.items()}[fmt.group(1)]]
+            r.dynamic_smem = dynamic_smem[fmt.group(1)]
         threads = THREADS[r.name.split("<")[0]]
         by_regs = REGISTERS_PER_SM // max(1, r.registers * threads)
         smem = r.static_smem + r.dynamic_smem + SMEM_RESERVED_PER_CTA

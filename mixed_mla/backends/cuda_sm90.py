@@ -2,8 +2,9 @@
 
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped),
 so any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a
-second kernel when > 1, and for fp8 `variant`, where P.V gets V: "" from Q.K's converted K fragments (movmatrix),
-"v_from_stage" from the stage, converted again (each is faster on some shapes: NOTES_sm90.md v38). One C++ call per forward (binding.cpp), on the current
+second kernel when > 1, and for fp8 `variant`: "" V fragments from Q.K's converted K fragments (movmatrix),
+"v_from_stage" V read from the stage and converted again, "tile64" the same with 64-token tiles (each is the
+fastest on some shapes: NOTES_sm90.md v38, v42). One C++ call per forward (binding.cpp), on the current
 stream, with no sync and no allocation after the first call of a shape (the split workspace is cached per
 (device, rows, heads, splits) and reused; outputs never are).
 
@@ -24,7 +25,7 @@ from ..kernels import jit_build
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
-FP8_V_SOURCES = {"": 0, "v_from_stage": 1}         # Plan.variant -> config.h Fp8VSource (fp8 only)
+FP8_VARIANTS = {"": 0, "v_from_stage": 1, "tile64": 2}   # Plan.variant -> config.h Fp8Variant (fp8 only)
 MAX_SPLITS = 64                                     # config.h kMaxSplits
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
@@ -68,15 +69,15 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
     kernel strides over their rows), so a wrong hint costs time, never correctness."""
     code = FORMAT_CODES[kv_format]
-    if plan.variant not in FP8_V_SOURCES or (plan.variant and kv_format != "fp8"):
-        raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_V_SOURCES)} "
+    if plan.variant not in FP8_VARIANTS or (plan.variant and kv_format != "fp8"):
+        raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_VARIANTS)} "
                          f"(non-empty for fp8 only)")
     kv, aux = (kv_cache, kv_cache) if code == 0 else kv_cache
     total_q, num_heads = q.shape[0], q.shape[1]
     splits = splits_for(plan.num_splits, total_q, num_heads)
     partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
     _module().forward(q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code,
-                      FP8_V_SOURCES[plan.variant], splits,
+                      FP8_VARIANTS[plan.variant], splits,
                       max(1, int(max_q_len or 1)), float(sm_scale))
 
 

@@ -14,12 +14,12 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
-// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_v_source: 0 V fragments
-// from Q.K's (movmatrix), 1 V read from the stage again (config.h Fp8VSource; fp8 only).
+// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 V fragments
+// from Q.K's (movmatrix), 1 V read from the stage again, 2 the same with 64-token tiles (config.h Fp8Variant).
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,
-             int64_t fp8_v_source, int64_t num_splits, int64_t max_q_len, double sm_scale) {
+             int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale) {
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
               "q must be (total_q, H, 576) bf16 with a contiguous last dim");
@@ -65,7 +65,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.num_splits = static_cast<int>(num_splits);
   p.max_q_len = static_cast<int>(max_q_len);
   p.sm_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
-  const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), static_cast<int>(fp8_v_source),
+  const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), static_cast<int>(fp8_variant),
                                   c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "cuda_sm90 decode launch failed with cudaError ", err);
 }

@@ -13,10 +13,10 @@ namespace {
 
 constexpr int kMaxDevices = 64;
 
-// The fp8 cache as a TMA tensor map: 576-byte rows (any 16-byte multiple stride), boxes of 128 B x 32 rows,
+// The fp8 cache as a TMA tensor map: 576-byte rows (any 16-byte multiple stride), boxes of 128 B x tile_tokens rows,
 // 128-byte swizzle (config.h). Encoded on the host at every launch (the cache pointer may change between calls);
 // the driver's encoder is reached through the runtime, so nothing links against libcuda.
-cudaError_t fp8_tile_map(const DecodeParams& p, CUtensorMap* map) {
+cudaError_t fp8_tile_map(const DecodeParams& p, int tile_tokens, CUtensorMap* map) {
   static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   if (encode == nullptr) {
     void* fn = nullptr;
@@ -28,7 +28,7 @@ cudaError_t fp8_tile_map(const DecodeParams& p, CUtensorMap* map) {
   }
   const cuuint64_t dims[2] = {(cuuint64_t)kFp8RowBytes, (cuuint64_t)(p.num_kv_rows > 0 ? p.num_kv_rows : 1)};
   const cuuint64_t strides[1] = {(cuuint64_t)p.kv_row_stride};
-  const cuuint32_t box[2] = {(cuuint32_t)kFp8BoxBytes, (cuuint32_t)kTileTokens};
+  const cuuint32_t box[2] = {(cuuint32_t)kFp8BoxBytes, (cuuint32_t)tile_tokens};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(p.kv), dims, strides, box,
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -36,34 +36,35 @@ cudaError_t fp8_tile_map(const DecodeParams& p, CUtensorMap* map) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kFormat, int kVSource = kFp8VFromK>
+template <int kFormat, int kVariant = kFp8VFromK>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
-  constexpr int kSmem = split_smem_bytes<kFormat>();
+  using Tile = KvTile<kFormat, kVariant>;
+  constexpr int kSmem = split_smem_bytes<kFormat, kVariant>();
   // The >48 KB dynamic shared memory opt-in is per device; set it once for each.
   static bool configured[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVSource>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSmem);
     if (err != cudaSuccess) return err;
     configured[device] = true;
   }
   CUtensorMap kv_map = {};
-  if (KvTile<kFormat>::kTma) {
-    err = fp8_tile_map(p, &kv_map);
+  if (Tile::kTma) {
+    err = fp8_tile_map(p, Tile::kTileTokens, &kv_map);
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
-  decode_split_kernel<kFormat, kVSource><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
+  decode_split_kernel<kFormat, kVariant><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
   return cudaGetLastError();
 }
 
 }  // namespace
 }  // namespace mla_sm90
 
-extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, int fp8_v_source,
+extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, int fp8_variant,
                                void* stream_handle) {
   using namespace mla_sm90;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
@@ -76,8 +77,9 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
   switch (kv_format) {
     case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
     case kFormatFp8:
-      if (fp8_v_source == kFp8VFromK) err = launch_split<kFormatFp8, kFp8VFromK>(*p, stream);
-      else if (fp8_v_source == kFp8VFromStage) err = launch_split<kFormatFp8, kFp8VFromStage>(*p, stream);
+      if (fp8_variant == kFp8VFromK) err = launch_split<kFormatFp8, kFp8VFromK>(*p, stream);
+      else if (fp8_variant == kFp8VFromStage) err = launch_split<kFormatFp8, kFp8VFromStage>(*p, stream);
+      else if (fp8_variant == kFp8Tile64) err = launch_split<kFormatFp8, kFp8Tile64>(*p, stream);
       else return cudaErrorInvalidValue;
       break;
     case kFormatMxfp4: err = launch_split<kFormatMxfp4>(*p, stream); break;

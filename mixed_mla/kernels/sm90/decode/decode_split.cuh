@@ -1,6 +1,7 @@
 // Split-KV decode, one CTA per (KV split, query row of a segment x head group of 16, segment).
 //
-// Layout of the work (4 warps, tiles of 32 tokens, tensor cores for both products):
+// Layout of the work (4 warps, tiles of 32 tokens, or 64 in the fp8 kFp8Tile64 variant; tensor cores for both
+// products; the counts below are for 32):
 //   S = Q.K^T : mma with the 16 heads on M and tokens on N. Each warp owns a quarter of the 576 dims and keeps its
 //               Q slice in registers for the whole row (qk_operands.cuh); the 4 partial scores of all 32 tokens
 //               go through shared memory (8 KB per tile), so K is read from shared memory once.
@@ -44,7 +45,7 @@ __device__ __forceinline__ void exponentials(const float x[4], const float m[2],
 }
 
 // A thread's P values into the [head][token] 16-bit P tile: tokens `token`, + 1 of head rows g and g + 8.
-template <bool kF16>
+template <bool kF16, int kPRowStride>
 __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const float pr[4]) {
   uint32_t* row_g = reinterpret_cast<uint32_t*>(p_smem + g * kPRowStride + 2 * token);
   uint32_t* row_g8 = reinterpret_cast<uint32_t*>(p_smem + (g + 8) * kPRowStride + 2 * token);
@@ -53,11 +54,13 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
 }
 
 // One query row x 16 heads over cache rows [first_row, first_row + count).
-template <int kFormat, int kVSource>
+template <int kFormat, int kVariant>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
                                            uint32_t& phases, int row, int head0, int first_row, int count,
                                            int split) {
-  using Tile = KvTile<kFormat, kVSource>;
+  using Tile = KvTile<kFormat, kVariant>;
+  constexpr int kTileTokens = Tile::kTileTokens, kNTilesQK = Tile::kNTilesQK, kKStepsPV = Tile::kKStepsPV;
+  constexpr int kRedStride = Tile::kRedStride, kPRowStride = Tile::kPRowStride;
   uint8_t* stages = smem;
   uint8_t* expanded = smem + Tile::kStages * Tile::kStageBytes;
   float* red = reinterpret_cast<float*>(expanded + Tile::kExpandedBytes);
@@ -77,11 +80,11 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const typename Tile::Rows::Lane lane_addr(warp, g, t);
   if (tiles > 0) pipe.issue(stages, 0, p, first_row, count);
   pipe.close();
-  typename QkFor<kFormat, kVSource>::type qk;
+  typename QkFor<kFormat, kVariant>::type qk;
   uint32_t q_words[2][kKSteps][2];
   qk.fetch(p, row, head0, warp, g, t, q_words);
 #pragma unroll
-  for (int s = 1; s < Tile::kStages - 1; ++s) {
+  for (int s = 1; s < Tile::kPrologueTiles; ++s) {
     if (s < tiles)
       pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + s * kTileTokens, count - s * kTileTokens);
     pipe.close();
@@ -98,8 +101,9 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     pipe.await(stages + read_stage * Tile::kStageBytes, read_stage, count - i * kTileTokens);
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1 and with `red`
     {
+      // The stage of tile i - 1 takes tile i - 1 + kStages, unless the prologue issued it.
       const int next = i + Tile::kStages - 1;
-      if (next < tiles)
+      if (next >= Tile::kPrologueTiles && next < tiles)
         pipe.issue(stages + write_stage * Tile::kStageBytes, write_stage, p, first_row + next * kTileTokens,
                    count - next * kTileTokens);
       pipe.close();
@@ -108,7 +112,8 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     const uint8_t* tile = Tile::prepare(stages + read_stage * Tile::kStageBytes, expanded);
     read_stage = read_stage + 1 == Tile::kStages ? 0 : read_stage + 1;
 
-    // Partial scores over this warp's 144 dims, all 32 tokens; warp w then sums the 4 partials of n-tile w only.
+    // Partial scores over this warp's 144 dims, all the tile's tokens; warp w then sums the 4 partials of its own
+    // n-tiles only (w, and w + 4 in a 64-token tile).
     float s[kNTilesQK][4];
     typename Tile::Rows::VOperands v_ops;
     qk.partial_scores(tile, lane_addr, s, v_ops);
@@ -120,38 +125,52 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     }
     __syncthreads();
 
-    // Scores of tokens 8w + 2t, + 1 for head rows g, g + 8, in log2 units, masked past the split's end.
-    const int token = 8 * warp + 2 * t;
-    float2 part_lo[kWarps], part_hi[kWarps];
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float* part = red + w * kHeadGroup * kRedStride + token;
-      part_lo[w] = *reinterpret_cast<const float2*>(part + g * kRedStride);
-      part_hi[w] = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
-    }
+    // Scores of tokens 8(w + 4j) + 2t, + 1 (this warp's n-tiles w + 4j) for head rows g, g + 8, in log2 units,
+    // masked past the split's end.
+    constexpr int kOwnNTiles = kNTilesQK / kWarps;
     static_assert(kWarps == 4, "the partial sums below are a tree over 4 warps");
-    const float2 lo = make_float2((part_lo[0].x + part_lo[1].x) + (part_lo[2].x + part_lo[3].x),
-                                  (part_lo[0].y + part_lo[1].y) + (part_lo[2].y + part_lo[3].y));
-    const float2 hi = make_float2((part_hi[0].x + part_hi[1].x) + (part_hi[2].x + part_hi[3].x),
-                                  (part_hi[0].y + part_hi[1].y) + (part_hi[2].y + part_hi[3].y));
     const int valid = count - i * kTileTokens;
-    const bool ok0 = token < valid, ok1 = token + 1 < valid;
-    const float x[4] = {ok0 ? lo.x * qk.coef[0] : -INFINITY, ok1 ? lo.y * qk.coef[0] : -INFINITY,
-                        ok0 ? hi.x * qk.coef[1] : -INFINITY, ok1 ? hi.y * qk.coef[1] : -INFINITY};
+    float x[kOwnNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kOwnNTiles; ++j) {
+      const int token = 8 * (warp + kWarps * j) + 2 * t;
+      float2 part_lo[kWarps], part_hi[kWarps];
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float* part = red + w * kHeadGroup * kRedStride + token;
+        part_lo[w] = *reinterpret_cast<const float2*>(part + g * kRedStride);
+        part_hi[w] = *reinterpret_cast<const float2*>(part + (g + 8) * kRedStride);
+      }
+      const float2 lo = make_float2((part_lo[0].x + part_lo[1].x) + (part_lo[2].x + part_lo[3].x),
+                                    (part_lo[0].y + part_lo[1].y) + (part_lo[2].y + part_lo[3].y));
+      const float2 hi = make_float2((part_hi[0].x + part_hi[1].x) + (part_hi[2].x + part_hi[3].x),
+                                    (part_hi[0].y + part_hi[1].y) + (part_hi[2].y + part_hi[3].y));
+      const bool ok0 = token < valid, ok1 = token + 1 < valid;
+      x[j][0] = ok0 ? lo.x * qk.coef[0] : -INFINITY;
+      x[j][1] = ok1 ? lo.y * qk.coef[0] : -INFINITY;
+      x[j][2] = ok0 ? hi.x * qk.coef[1] : -INFINITY;
+      x[j][3] = ok1 ? hi.y * qk.coef[1] : -INFINITY;
+    }
 
     // Online softmax in base 2 with a lazy base m: P is computed against the current m, and the tile's maxima are
     // found and combined only when a score passes m by more than kRebaseSlack (the first tile, then rarely).
     // Below that, p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier
     // that publishes P also tells every warp whether any thread saw such a score, so the common path has no
     // shuffle or shared-memory maximum on its way from the scores to P (NOTES_sm90.md v20).
-    const bool over = fmaxf(x[0], x[1]) > m[0] + kRebaseSlack || fmaxf(x[2], x[3]) > m[1] + kRebaseSlack;
-    float pr[4];
-    exponentials(x, m, pr);
-    store_p<Tile::kF16PV>(p_smem, g, token, pr);
+    bool over = false;
+    float pr[kOwnNTiles][4];
+#pragma unroll
+    for (int j = 0; j < kOwnNTiles; ++j) {
+      over = over || fmaxf(x[j][0], x[j][1]) > m[0] + kRebaseSlack || fmaxf(x[j][2], x[j][3]) > m[1] + kRebaseSlack;
+      exponentials(x[j], m, pr[j]);
+      store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
+    }
     if (__syncthreads_or(over)) {  // m = -inf: any score rebases
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float mx = fmaxf(x[2 * hr], x[2 * hr + 1]);
+        float mx = fmaxf(x[0][2 * hr], x[0][2 * hr + 1]);
+#pragma unroll
+        for (int j = 1; j < kOwnNTiles; ++j) mx = fmaxf(mx, fmaxf(x[j][2 * hr], x[j][2 * hr + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         if (t == 0) tile_max_smem[(g + 8 * hr) * kWarps + warp] = mx;
@@ -172,16 +191,22 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         o[v][0] *= alpha[0]; o[v][1] *= alpha[0];
         o[v][2] *= alpha[1]; o[v][3] *= alpha[1];
       }
-      exponentials(x, m, pr);
-      store_p<Tile::kF16PV>(p_smem, g, token, pr);
-      __syncthreads();  // the rebased P of all 32 tokens visible
+#pragma unroll
+      for (int j = 0; j < kOwnNTiles; ++j) {
+        exponentials(x[j], m, pr[j]);
+        store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
+      }
+      __syncthreads();  // the rebased P of the whole tile visible
     }
-    // l holds this thread's share of the row sums (its 2 tokens of every tile); every warp rescales by the same
-    // alpha, so the shares add up once at the end of the row.
-    l[0] += pr[0] + pr[1];
-    l[1] += pr[2] + pr[3];
+    // l holds this thread's share of the row sums (its 2 tokens of each of its n-tiles); every warp rescales by the
+    // same alpha, so the shares add up once at the end of the row.
+#pragma unroll
+    for (int j = 0; j < kOwnNTiles; ++j) {
+      l[0] += pr[j][0] + pr[j][1];
+      l[1] += pr[j][2] + pr[j][3];
+    }
 
-    // P as A fragments of the two 16-token k-steps (heads on rows).
+    // P as A fragments of the tile's 16-token k-steps (heads on rows).
     uint32_t pa[kKStepsPV][4];
 #pragma unroll
     for (int ks = 0; ks < kKStepsPV; ++ks) ldmatrix_x4(pa[ks], p_lane_row + 32 * ks);
@@ -222,31 +247,34 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 
 // Shared memory of a row's tile loop (stages, expanded tile, exchanges, P); with TMA tiles the stage mbarriers
 // follow, and the block gets room to align the stages for the swizzle.
-template <int kFormat>
+template <int kFormat, int kVariant>
 __host__ __device__ constexpr int row_smem_bytes() {
-  using Tile = KvTile<kFormat>;
+  using Tile = KvTile<kFormat, kVariant>;
   return Tile::kStages * Tile::kStageBytes + Tile::kExpandedBytes +
-         (kWarps * kHeadGroup * kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) + kHeadGroup * kPRowStride;
+         (kWarps * kHeadGroup * Tile::kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) +
+         kHeadGroup * Tile::kPRowStride;
 }
 
-template <int kFormat>
+template <int kFormat, int kVariant>
 constexpr int split_smem_bytes() {
-  using Tile = KvTile<kFormat>;
-  return row_smem_bytes<kFormat>() + (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
+  using Tile = KvTile<kFormat, kVariant>;
+  return row_smem_bytes<kFormat, kVariant>() +
+         (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
-// grid = (num_splits, max_q_len * num_heads / 16, batch). kVSource: Fp8VSource (fp8 only). Segment bounds come from the indptr contents, clamped
-// to the tensors, so no indptr value can send a read out of bounds. Query r of a segment of q_len rows attends
-// its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of those.
-template <int kFormat, int kVSource>
+// grid = (num_splits, max_q_len * num_heads / 16, batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
+// the indptr contents, clamped to the tensors, so no indptr value can send a read out of bounds. Query r of a segment
+// of q_len rows attends its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of
+// those.
+template <int kFormat, int kVariant>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_split_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
-  using Tile = KvTile<kFormat, kVSource>;
+  using Tile = KvTile<kFormat, kVariant>;
   extern __shared__ __align__(128) uint8_t smem_block[];
   // Swizzled TMA boxes need 1 KB alignment; the dynamic block only guarantees 16 bytes.
   uint8_t* smem = smem_block;
   if constexpr (Tile::kTma) smem += (kSwizzleAlign - smem_addr(smem_block) % kSwizzleAlign) % kSwizzleAlign;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat>());
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat, kVariant>());
   uint32_t phases = 0;
   if constexpr (Tile::kTma) {
     if (threadIdx.x == 0) {
@@ -267,10 +295,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   for (int r = first_r; r < q_len; r += p.max_q_len) {
     const int attend = clamp_int(kv_len - q_len + r + 1, 0, kv_len);
     const int per_split = (attend + p.num_splits - 1) / p.num_splits;
-    const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+    const int share = (per_split + Tile::kTileTokens - 1) / Tile::kTileTokens * Tile::kTileTokens;
     const int lo = min((int)blockIdx.x * share, attend);
     const int hi = min(lo + share, attend);
-    decode_row<kFormat, kVSource>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo, blockIdx.x);
+    decode_row<kFormat, kVariant>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo,
+                                  blockIdx.x);
     __syncthreads();  // shared memory is reused by the next row
   }
 }

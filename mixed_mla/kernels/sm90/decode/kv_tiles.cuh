@@ -1,5 +1,5 @@
-// Per-format KV tiles: how a tile of kTileTokens cache rows reaches shared memory, and how the mma fragments are
-// read from it. Every format serves the same two fragment roles (see decode_split.cuh):
+// Per-format KV tiles: how a tile of cache rows (TileGeometry, config.h) reaches shared memory, and how the mma
+// fragments are read from it. Every format serves the same two fragment roles (see decode_split.cuh):
 //   K (B operand of S = Q.K^T, n = token, k = dim): thread (g, t) of warp w holds, for k-step j, the dim pairs
 //     D_j and D_j + 2 of token row g, where D_j = chunk_dim(w, j/4, t) + 4(j%4) for j < 8 and last_step_dim(w, t)
 //     for j = 8. Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
@@ -87,18 +87,20 @@ struct Bf16Rows {
 // fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
 // ((d / 16) % 8) ^ (r % 8). K chunks are taken as 16-dim chunks 2t + c (not 4c + t as in the padded layouts), so
 // that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different banks. Two
-// layouts, one per source of P.V's V fragments (a planner variant: each wins on some shapes, NOTES_sm90.md v38):
+// layouts, one per source of P.V's V fragments (planner variants: each wins on some shapes, NOTES_sm90.md v38):
 //   kFp8VFromK: warp w's Q.K dims are its P.V dims [128w, 128w + 128) (box w) plus the rope dims [512 + 16w,
 //     512 + 16w + 16) as its 9th k-step (8 rows of one 4-byte load per lane hit 8 different chunks), so its
 //     converted K fragments, transposed by movmatrix, are its P.V B fragments: each value is converted once, at
 //     the cost of 64 registers held from Q.K to P.V (faster where the steady state dominates: 256 CTAs, long rows).
 //   kFp8VFromStage: warp w's Q.K dims are [144w, 144w + 144), and P.V reads and converts V from the stage again
-//     (fewer registers and a shorter chain between the products: faster on the short and one-CTA-per-SM calls).
-template <int kVSource>
+//     (fewer registers and a shorter chain between the products: faster on the short and one-CTA-per-SM calls);
+//     also the layout of 64-token tiles (kFp8Tile64), where 128 registers of kept fragments would spill.
+template <bool kVFromK, int kTokens>
 struct Fp8SwizzledRows {
-  static constexpr bool kVFromK = kVSource == kFp8VFromK;
+  using Geometry = TileGeometry<kTokens>;
   __host__ __device__ static constexpr int offset(int row, int d) {
-    return (d >> 7) * kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) + (d & 15);
+    return (d >> 7) * Geometry::kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) +
+           (d & 15);
   }
   __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
     return (kVFromK ? warp * kDimsPerWarpV : warp * kDimsPerWarpQK) + 16 * (2 * t + c);
@@ -115,7 +117,7 @@ struct Fp8SwizzledRows {
   __host__ __device__ static constexpr int out_offset(int r, int e) { return kVFromK ? 2 * r + e : 4 * e + r; }
 
   // A thread's fragment offsets within a stage, computed once per row: K rows 8n + g differ by whole swizzle
-  // periods (8 rows), so n only adds 1 KB; V rows 16s + 2t + j (+ 8) likewise only add 2 KB s (+ 1 KB).
+  // periods (8 rows), so n only adds n KB; V rows 16s + 2t + j (+ 8) likewise only add 2s KB (+ 1 KB).
   struct Lane {
     int k_off[3];                                // the two 16-byte K loads and the 4-byte one, row g
     int v_off[kVFromK ? 1 : kVGroups][2];        // V group G, row 2t + j (kFp8VFromStage only)
@@ -177,7 +179,8 @@ struct Fp8SwizzledRows {
   struct VFromK {
     static constexpr int kKeptSteps = kDimsPerWarpV / 16;  // the k-steps over V dims: all but the rope one
     static_assert(2 * kKeptSteps == kVTilesPerWarp && kKeptSteps < kKSteps, "one P.V n-tile per k-step half");
-    uint32_t b[kVTilesPerWarp][kKStepsPV][2];
+    static_assert(kTokens == 32, "64 registers of kept fragments per 32 tokens: more would spill");
+    uint32_t b[kVTilesPerWarp][Geometry::kKStepsPV][2];
     __device__ __forceinline__ void keep(int n, const uint32_t kb[kKSteps][2]) {
 #pragma unroll
       for (int j = 0; j < kKeptSteps; ++j)
@@ -208,7 +211,7 @@ struct Fp8SwizzledRows {
 // 16-byte chunks come in passes of 32 (warp w copies rows w, w + 4, ..., lane l chunk l of each pass, walking one
 // source pointer down the rows) and a remainder (bf16: 8 chunks of every row) dealt out flat over all threads, so
 // every lane of every cp.async carries a chunk (NOTES_sm90.md v21). Only a split's last tile checks bounds.
-template <int kRowBytes, int kRowStride>
+template <int kRowBytes, int kRowStride, int kTileTokens>
 struct RowCopier {
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kPasses = kChunksPerRow / 32;
@@ -262,20 +265,23 @@ struct RowCopier {
   }
 };
 
-// kVSource (config.h Fp8VSource) selects the fp8 fragment layout; the other formats have one.
-template <int kFormat, int kVSource = kFp8VFromK>
+// kVariant (config.h Fp8Variant) selects the fp8 tile and fragment layout; the other formats have one.
+// kPrologueTiles: the tiles issued before the loop. One stage stays empty until the loop's first barrier where
+// more than two stages keep enough in flight; with two 64-token stages both are filled at once.
+template <int kFormat, int kVariant = kFp8VFromK>
 struct KvTile;
 
-template <int kVSource>
-struct KvTile<kFormatBf16, kVSource> {
+template <int kVariant>
+struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
   static constexpr int kStages = kStagesBf16;
+  static constexpr int kPrologueTiles = kStages - 1;
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
 
-  using Copier = RowCopier<kBf16RowBytes, kBf16SmemRowStride>;
+  using Copier = RowCopier<kBf16RowBytes, kBf16SmemRowStride, kTileTokens>;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
                                                int first_row, int valid) {
@@ -284,13 +290,15 @@ struct KvTile<kFormatBf16, kVSource> {
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
 
-template <int kVSource>
-struct KvTile<kFormatFp8, kVSource> {
-  using Rows = Fp8SwizzledRows<kVSource>;
+template <int kVariant>
+struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 : 32> {
+  using Geometry = TileGeometry<kVariant == kFp8Tile64 ? 64 : 32>;
+  using Rows = Fp8SwizzledRows<kVariant == kFp8VFromK, Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = true;
-  static constexpr int kStages = kStagesFp8;
-  static constexpr int kStageBytes = kFp8Boxes * kFp8BoxTileBytes;
+  static constexpr int kStages = kVariant == kFp8Tile64 ? kStagesFp8Tile64 : kStagesFp8;
+  static constexpr int kPrologueTiles = kVariant == kFp8Tile64 ? kStages : kStages - 1;
+  static constexpr int kStageBytes = kFp8Boxes * Geometry::kFp8BoxTileBytes;
   static constexpr int kExpandedBytes = 0;
   static_assert(kStageBytes % kSwizzleAlign == 0, "every stage must stay aligned for the swizzle");
 
@@ -300,22 +308,23 @@ struct KvTile<kFormatFp8, kVSource> {
     mbarrier_arrive_expect_tx(bar, kStageBytes);
 #pragma unroll
     for (int b = 0; b < kFp8Boxes; ++b)
-      tma_load_2d(stage + b * kFp8BoxTileBytes, kv_map, b * kFp8BoxBytes, first_row, bar);
+      tma_load_2d(stage + b * Geometry::kFp8BoxTileBytes, kv_map, b * kFp8BoxBytes, first_row, bar);
   }
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t*) { return stage; }
 };
 
 // Every thread: wait for the stage's mbarrier phase, then (a split's last tile) zero the rows past `valid`: a zero V
 // row adds nothing to O even where P is 0, whereas another segment's bytes might hold NaN codes.
+template <typename Tile>
 __device__ __forceinline__ void await_fp8_tile(uint8_t* stage, uint64_t* bar, uint32_t& phases, int s, int valid) {
   mbarrier_wait_parity(bar, (phases >> s) & 1u);
   phases ^= 1u << s;
-  if (valid < kTileTokens) {
+  if (valid < Tile::kTileTokens) {
     constexpr int kChunksPerRowAllBoxes = kFp8Boxes * kFp8BoxBytes / 16;
-    for (int c = threadIdx.x; c < (kTileTokens - valid) * kChunksPerRowAllBoxes; c += kThreads) {
+    for (int c = threadIdx.x; c < (Tile::kTileTokens - valid) * kChunksPerRowAllBoxes; c += kThreads) {
       const int row = valid + c / kChunksPerRowAllBoxes, rest = c % kChunksPerRowAllBoxes;
       const int box = rest / (kFp8BoxBytes / 16), chunk = rest % (kFp8BoxBytes / 16);
-      *reinterpret_cast<uint4*>(stage + box * kFp8BoxTileBytes + row * kFp8BoxBytes + 16 * chunk) =
+      *reinterpret_cast<uint4*>(stage + box * Tile::kFp8BoxTileBytes + row * kFp8BoxBytes + 16 * chunk) =
           make_uint4(0, 0, 0, 0);
     }
     fence_proxy_async_shared();  // before a later copy into these bytes
@@ -333,17 +342,18 @@ __device__ __forceinline__ uint32_t fp4x2_to_bf16x2(uint32_t byte, float block_s
 
 // MXFP4: the stage holds the packed rows (288 B) and their 24 scale bytes; `prepare` expands it once into a bf16
 // tile that the bf16 fragment loaders read, so K and V share one dequantisation per value.
-template <int kVSource>
-struct KvTile<kFormatMxfp4, kVSource> {
+template <int kVariant>
+struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
   static constexpr int kStages = kStagesMxfp4;
+  static constexpr int kPrologueTiles = kStages - 1;
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;
   static constexpr int kExpandedBytes = kTileTokens * kBf16SmemRowStride;
 
-  using Copier = RowCopier<kFp4RowBytes, kFp4RowBytes>;
+  using Copier = RowCopier<kFp4RowBytes, kFp4RowBytes, kTileTokens>;
 
   __device__ __forceinline__ static void issue(uint8_t* stage, const Copier& copier, const DecodeParams& p,
                                                int first_row, int valid) {
@@ -409,7 +419,7 @@ struct TilePipe<Tile, true> {
   }
   __device__ __forceinline__ void close() {}
   __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
-    await_fp8_tile(stage, bars + s, phases, s, valid);
+    await_fp8_tile<Tile>(stage, bars + s, phases, s, valid);
   }
 };
 

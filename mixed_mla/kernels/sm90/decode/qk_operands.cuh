@@ -109,8 +109,9 @@ struct QkHalf {
   }
 
   // Each n-tile's K fragments, once used, go to `v` (Rows::VOperands), which keeps them where P.V reuses them (fp8).
+  template <int kNTilesQK>
   __device__ __forceinline__ void partial_scores(const uint8_t* tile, const typename Rows::Lane& lane,
-                                                 float s[kNTilesQK][4], typename Rows::VOperands& v) const {
+                                                 float (&s)[kNTilesQK][4], typename Rows::VOperands& v) const {
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
       uint32_t kb[kKSteps][2];
@@ -126,10 +127,8 @@ struct QkHalf {
   }
 };
 
-// The Q side each cache format (and fp8 layout) uses.
-template <int kFormat, int kVSource>
-struct QkFor { using type = QkHalf<Bf16Rows, false>; };
-template <int kVSource>
-struct QkFor<kFormatFp8, kVSource> { using type = QkHalf<Fp8SwizzledRows<kVSource>, true>; };
+// The Q side each cache format (and fp8 variant) uses.
+template <int kFormat, int kVariant>
+struct QkFor { using type = QkHalf<typename KvTile<kFormat, kVariant>::Rows, kFormat == kFormatFp8>; };
 
 }  // namespace mla_sm90
