@@ -8,11 +8,11 @@ GPU machine), called through its C entry `mla_sm90_decode` (launch.h) with ctype
     python bench/compare_sm90_builds.py check                                                    # on the GPU
 
 `build` writes .build/sm90_builds/<name>.so; `run` loads every .so there, once per fp8 variant of the backend
-("<name>", "<name>/v_from_stage", "<name>/tile64"; the other formats run the first only). For each build and shape
-it checks the output against exact float64 attention (rel. L2, the strict bound of the format), then times every
-split count like bench/kernel_bench_sm90.py (L2 flushed before each call, CUDA events, median) and prints the best
-per shape with its split count and % of the HBM floor, one column per build, plus the geomean. --profile also prints
-each kernel's own device time (torch.profiler) at every build's best split count: split kernel against merge.
+("<name>" and "<name>/tile64"; the other formats run the first only). For each build and shape it checks the output
+against exact float64 attention (rel. L2, the strict bound of the format), then times every split count like
+bench/kernel_bench_sm90.py (L2 flushed before each call, CUDA events, median) and prints the best per shape with its
+split count and % of the HBM floor, one column per build, plus the geomean. --profile also prints each kernel's own
+device time (torch.profiler) at every build's best split count: split kernel against merge.
 """
 import argparse
 import ctypes

@@ -38,9 +38,9 @@ BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": (
 # on all 8 benchmark shapes (bench/results/sm90/kernel_bench_2026-12-02.json).
 FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
 BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"),  # first = heuristic default
-                    "cuda_sm90": ("", "v_from_stage", "tile64")}
+                    "cuda_sm90": ("", "tile64")}
 # Variants that exist for some cache formats only (the others have just the backend's first variant).
-VARIANT_FORMATS = {("cuda_sm90", "v_from_stage"): ("fp8",), ("cuda_sm90", "tile64"): ("fp8",)}
+VARIANT_FORMATS = {("cuda_sm90", "tile64"): ("fp8",)}
 AITER_PAGE_SIZES = (1, 2, 8)
 
 # Split heuristic: fill the device with about two waves of stage-1 workgroups (a second wave hides the tail of the

@@ -20,7 +20,7 @@ cuda_sm90 = pytest.importorskip("mixed_mla.backends.cuda_sm90")
 if not torch.cuda.is_available() or cuda_sm90.available(torch.device("cuda")) is not None:
     pytest.skip("needs an sm_90 GPU with the cuda_sm90 backend built", allow_module_level=True)
 
-# Every (format, variant) the backend launches: fp8 has two fragment layouts (V from K fragments or from the stage).
+# Every (format, variant) the backend launches: fp8 has two tile sizes (32 and 64 tokens).
 FORMAT_VARIANTS = [(f, v) for f in KV_FORMATS for v in variants("cuda_sm90", f)]
 
 LAYOUTS = [  # (q_lens, kv_lens, num_heads)
@@ -108,7 +108,7 @@ def test_garbage_indptr_reads_nothing_out_of_bounds():
 
 def test_a_variant_is_refused_where_it_does_not_apply():
     q, kv, qo, kvi = _case([1], [40], 16, seed=2)
-    for kv_format, variant in (("bf16", "v_from_stage"), ("fp8", "occ3")):
+    for kv_format, variant in (("bf16", "tile64"), ("fp8", "occ3")):
         with pytest.raises(ValueError, match="variant"):
             _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1, 1, variant)
 

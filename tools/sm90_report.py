@@ -30,9 +30,9 @@ SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
-FP8_VARIANT_NAMES = {0: "v_from_k", 1: "v_from_stage", 2: "tile64"}  # config.h Fp8Variant
+FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64"}                        # config.h Fp8Variant
 # (format, variant) of every split kernel decode.cu launches, as the probe prints their dynamic shared memory
-SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (1, 2), (2, 0)]
+SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0)]
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -42,9 +42,8 @@ SMEM_PROBE = """
 #include <cstdio>
 #include "decode_split.cuh"
 int main() {
-  std::printf("%d %d %d %d %d\\n", mla_sm90::split_smem_bytes<0, 0>(), mla_sm90::split_smem_bytes<1, 0>(),
-              mla_sm90::split_smem_bytes<1, 1>(), mla_sm90::split_smem_bytes<1, 2>(),
-              mla_sm90::split_smem_bytes<2, 0>());
+  std::printf("%d %d %d %d\\n", mla_sm90::split_smem_bytes<0, 0>(), mla_sm90::split_smem_bytes<1, 0>(),
+              mla_sm90::split_smem_bytes<1, 1>(), mla_sm90::split_smem_bytes<2, 0>());
 }
 """
 

@@ -1,12 +1,11 @@
 """Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), JIT-built with torch's load_inline.
 
-One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped),
-so any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a
-second kernel when > 1, and for fp8 `variant`: "" V fragments from Q.K's converted K fragments (movmatrix),
-"v_from_stage" V read from the stage and converted again, "tile64" the same with 64-token tiles (each is the
-fastest on some shapes: NOTES_sm90.md v38, v42). One C++ call per forward (binding.cpp), on the current
-stream, with no sync and no allocation after the first call of a shape (the split workspace is cached per
-(device, rows, heads, splits) and reused; outputs never are).
+One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
+any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a second
+kernel when > 1, and for fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax
+passes per token, coarser ends of rows: each is the fastest on some shapes, NOTES_sm90.md v42). One C++ call per
+forward (binding.cpp), on the current stream, with no sync and no allocation after the first call of a shape (the
+split workspace is cached per (device, rows, heads, splits) and reused; outputs never are).
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16. The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
@@ -25,7 +24,7 @@ from ..kernels import jit_build
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
 FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
-FP8_VARIANTS = {"": 0, "v_from_stage": 1, "tile64": 2}   # Plan.variant -> config.h Fp8Variant (fp8 only)
+FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
 MAX_SPLITS = 64                                     # config.h kMaxSplits
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.

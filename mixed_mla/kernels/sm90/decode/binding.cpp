@@ -14,8 +14,8 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
-// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 V fragments
-// from Q.K's (movmatrix), 1 V read from the stage again, 2 the same with 64-token tiles (config.h Fp8Variant).
+// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 32-token tiles,
+// 1 64-token tiles (config.h Fp8Variant; fp8 only).
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,

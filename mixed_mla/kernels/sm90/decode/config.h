@@ -34,7 +34,7 @@ constexpr int kFp8Boxes = (kFp8RowBytes + kFp8BoxBytes - 1) / kFp8BoxBytes;
 constexpr int kSwizzleAlign = 1024;
 
 // A tile of kTokens cache rows per pipeline stage: 32 (every format) or 64 (the fp8 kFp8Tile64 variant: half the
-// barriers, exchanges and softmax passes per token, NOTES_sm90.md v41). KvTile (kv_tiles.cuh) picks one.
+// barriers, exchanges and softmax passes per token, NOTES_sm90.md v42). KvTile (kv_tiles.cuh) picks one.
 template <int kTokens>
 struct TileGeometry {
   static constexpr int kTileTokens = kTokens;
@@ -69,9 +69,7 @@ constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
 
 enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
-// The fp8 kernel variants (a launch parameter: the planner's variant; the other formats ignore it). Where P.V gets
-// its V fragments (kv_tiles.cuh Fp8SwizzledRows): Q.K's converted K fragments transposed (kFp8VFromK), or the stage
-// read and converted again (kFp8VFromStage, and kFp8Tile64 with 64-token tiles).
-enum Fp8Variant : int { kFp8VFromK = 0, kFp8VFromStage = 1, kFp8Tile64 = 2 };
+// The fp8 kernel variants, by tile size (a launch parameter: the planner's variant; the other formats ignore it).
+enum Fp8Variant : int { kFp8Tile32 = 0, kFp8Tile64 = 1 };
 
 }  // namespace mla_sm90

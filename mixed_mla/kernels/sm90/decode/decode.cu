@@ -36,7 +36,7 @@ cudaError_t fp8_tile_map(const DecodeParams& p, int tile_tokens, CUtensorMap* ma
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kFormat, int kVariant = kFp8VFromK>
+template <int kFormat, int kVariant = kFp8Tile32>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   using Tile = KvTile<kFormat, kVariant>;
   constexpr int kSmem = split_smem_bytes<kFormat, kVariant>();
@@ -77,8 +77,7 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
   switch (kv_format) {
     case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
     case kFormatFp8:
-      if (fp8_variant == kFp8VFromK) err = launch_split<kFormatFp8, kFp8VFromK>(*p, stream);
-      else if (fp8_variant == kFp8VFromStage) err = launch_split<kFormatFp8, kFp8VFromStage>(*p, stream);
+      if (fp8_variant == kFp8Tile32) err = launch_split<kFormatFp8, kFp8Tile32>(*p, stream);
       else if (fp8_variant == kFp8Tile64) err = launch_split<kFormatFp8, kFp8Tile64>(*p, stream);
       else return cudaErrorInvalidValue;
       break;

@@ -9,9 +9,7 @@
 //               goes through shared memory (1 KB) to every warp as mma A fragments. The exponentials' base moves
 //               lazily (only when a score passes it by 2^8), so the tile maxima are combined, and o rescaled, only
 //               then.
-//   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments from the stage (bf16, MXFP4, fp8 with
-//               kFp8VFromStage) or Q.K's converted K fragments of the same dims transposed by movmatrix (fp8 with
-//               kFp8VFromK; kv_tiles.cuh).
+//   O = P.V   : warp w owns output dims [128w, 128w + 128); V fragments straight from the stage (kv_tiles.cuh).
 // Tiles reach the stages by TMA (fp8: thread 0 issues 5 swizzled boxes per tile, an mbarrier per stage) or by
 // cp.async from every thread (bf16, MXFP4), kStages deep.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
@@ -115,8 +113,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     // Partial scores over this warp's 144 dims, all the tile's tokens; warp w then sums the 4 partials of its own
     // n-tiles only (w, and w + 4 in a 64-token tile).
     float s[kNTilesQK][4];
-    typename Tile::Rows::VOperands v_ops;
-    qk.partial_scores(tile, lane_addr, s, v_ops);
+    qk.partial_scores(tile, lane_addr, s);
     float* mine = red + warp * kHeadGroup * kRedStride;
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
@@ -215,7 +212,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
       for (int G = 0; G < kVGroups; ++G) {
         uint32_t vb[4][2];
-        v_ops.get(tile, lane_addr, ks, G, vb);
+        Tile::Rows::load_v(tile, lane_addr, ks, G, vb);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           if constexpr (Tile::kF16PV) mma_f16(o[4 * G + r], pa[ks], vb[r][0], vb[r][1]);
@@ -242,7 +239,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   // The merge kernel (launched with programmatic stream serialisation) may start its prologue now; it still
   // waits for this whole grid before reading any partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  store_row<typename Tile::Rows>(p, row, head0, split, warp, g, t, m, l, o, kv_scale);
+  store_row(p, row, head0, split, warp, g, t, m, l, o, kv_scale);
 }
 
 // Shared memory of a row's tile loop (stages, expanded tile, exchanges, P); with TMA tiles the stage mbarriers

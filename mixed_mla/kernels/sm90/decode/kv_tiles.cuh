@@ -1,17 +1,16 @@
 // Per-format KV tiles: how a tile of cache rows (TileGeometry, config.h) reaches shared memory, and how the mma
-// fragments are read from it. Every format serves the same two fragment roles (see decode_split.cuh):
+// fragments are read from it. Every format serves the same two fragment layouts (see decode_split.cuh):
 //   K (B operand of S = Q.K^T, n = token, k = dim): thread (g, t) of warp w holds, for k-step j, the dim pairs
-//     D_j and D_j + 2 of token row g, where D_j = chunk_dim(w, j/4, t) + 4(j%4) for j < 8 and last_step_dim(w, t)
-//     for j = 8. Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
-//   V (B operand of O = P.V, k = token, n = dim): n-tile v of warp w covers 8 of its 128 output dims [128w, 128w +
-//     128); out_dim / out_offset say which dim each accumulator holds (store_row.cuh).
-// bf16 rows (and MXFP4 expanded to them) give each warp dims [144w, 144w + 144) for Q.K and read V from the stage
-// as pairs of rows. fp8 rows come in two layouts (Fp8SwizzledRows): the same, or one whose Q.K fragments are
-// also P.V's, transposed by movmatrix (NOTES_sm90.md v34).
+//     D_j and D_j + 2 of token row g, where D_j = 144w + 16 k_chunk(j/4, t) + 4(j%4) for j < 8 and
+//     144w + 128 + 4t for j = 8 (k_chunk(c, t): 4c + t for the padded rows, 2t + c for the swizzled fp8 boxes).
+//     Q's A fragments use the same D_j, so the permuted k order cancels in the dot product.
+//   V (B operand of O = P.V, k = token, n = dim): n-tile 4G + r, column g is dim 128w + 32G + 4g + r; the rows
+//     are tokens 16s + 2t (+1) and 16s + 8 + 2t (+1). The output C fragment then holds 8 consecutive dims.
+//     (Reading V through ldmatrix.trans from an f16 copy that Q.K writes halves the fp8 conversions but measured
+//     slower, NOTES_sm90.md v8 and v12; so did Q.K's fp8 K fragments transposed by movmatrix on most shapes, v34
+//     and v42: they hold 64 registers per 32 tokens.)
 #pragma once
 #include <stdint.h>
-
-#include <type_traits>
 
 #include "config.h"
 #include "params.h"
@@ -22,18 +21,7 @@ namespace mla_sm90 {
 // Rows of bf16 (1152 B): the stage is the tile. Fragments are bf16 pairs read as they are.
 struct Bf16Rows {
   static constexpr int kRowStride = kBf16SmemRowStride;
-  // The first of the 16 dims of a thread's K chunk c (of 2), and of its 4 dims in the 9th k-step.
-  __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
-    return warp * kDimsPerWarpQK + 16 * (4 * c + t);
-  }
-  __host__ __device__ static constexpr int last_step_dim(int warp, int t) {
-    return warp * kDimsPerWarpQK + 128 + 4 * t;
-  }
-  // o[4G + r][2hr + e] (head row g + 8hr) is output dim out_dim(warp, G, t) + out_offset(r, e).
-  __host__ __device__ static constexpr int out_dim(int warp, int G, int t) {
-    return warp * kDimsPerWarpV + 32 * G + 8 * t;
-  }
-  __host__ __device__ static constexpr int out_offset(int r, int e) { return 4 * e + r; }
+  __device__ __forceinline__ static int k_chunk(int c, int t) { return 4 * c + t; }
 
   struct Lane {
     int warp, g, t;
@@ -43,9 +31,6 @@ struct Bf16Rows {
   __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
                                                 uint32_t kb[kKSteps][2]) {
     const int warp = lane.warp, t = lane.t, row = 8 * n + lane.g;
-    // The byte offsets of chunk_dim and last_step_dim, spelt out (ptxas allocates 6 more registers otherwise).
-    static_assert(2 * chunk_dim(1, 1, 3) == 2 * kDimsPerWarpQK + 128 + 32 * 3, "load_k disagrees with chunk_dim");
-    static_assert(2 * last_step_dim(1, 3) == 2 * kDimsPerWarpQK + 256 + 8 * 3, "load_k disagrees with last_step_dim");
     const uint8_t* r = tile + row * kRowStride + warp * kDimsPerWarpQK * 2;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
@@ -73,89 +58,43 @@ struct Bf16Rows {
     vb[2][0] = prmt(a.y, b.y, 0x5410); vb[2][1] = prmt(c.y, d.y, 0x5410);
     vb[3][0] = prmt(a.y, b.y, 0x7632); vb[3][1] = prmt(c.y, d.y, 0x7632);
   }
-
-  // P.V's B fragments, read from the stage when P.V needs them; nothing is kept from Q.K.
-  struct VOperands {
-    __device__ __forceinline__ void keep(int, const uint32_t[kKSteps][2]) {}
-    __device__ __forceinline__ void get(const uint8_t* tile, const Lane& lane, int s, int group,
-                                        uint32_t vb[4][2]) const {
-      load_v(tile, lane, s, group, vb);
-    }
-  };
 };
 
 // fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
-// ((d / 16) % 8) ^ (r % 8). K chunks are taken as 16-dim chunks 2t + c (not 4c + t as in the padded layouts), so
-// that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different banks. Two
-// layouts, one per source of P.V's V fragments (planner variants: each wins on some shapes, NOTES_sm90.md v38):
-//   kFp8VFromK: warp w's Q.K dims are its P.V dims [128w, 128w + 128) (box w) plus the rope dims [512 + 16w,
-//     512 + 16w + 16) as its 9th k-step (8 rows of one 4-byte load per lane hit 8 different chunks), so its
-//     converted K fragments, transposed by movmatrix, are its P.V B fragments: each value is converted once, at
-//     the cost of 64 registers held from Q.K to P.V (faster where the steady state dominates: 256 CTAs, long rows).
-//   kFp8VFromStage: warp w's Q.K dims are [144w, 144w + 144), and P.V reads and converts V from the stage again
-//     (fewer registers and a shorter chain between the products: faster on the short and one-CTA-per-SM calls);
-//     also the layout of 64-token tiles (kFp8Tile64), where 128 registers of kept fragments would spill.
-template <bool kVFromK, int kTokens>
+// ((d / 16) % 8) ^ (r % 8). The K fragments take a warp's 16-dim chunks as 2t + c (not 4c + t as in the padded
+// layouts), so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
+// banks; the V loads (4 rows 2t + j per load) are conflict-free with the swizzle as it is. A box holds kTokens rows.
+template <int kTokens>
 struct Fp8SwizzledRows {
-  using Geometry = TileGeometry<kTokens>;
   __host__ __device__ static constexpr int offset(int row, int d) {
-    return (d >> 7) * Geometry::kFp8BoxTileBytes + row * kFp8BoxBytes + ((((d >> 4) & 7) ^ (row & 7)) << 4) +
-           (d & 15);
+    return (d >> 7) * TileGeometry<kTokens>::kFp8BoxTileBytes + row * kFp8BoxBytes +
+           ((((d >> 4) & 7) ^ (row & 7)) << 4) + (d & 15);
   }
-  __host__ __device__ static constexpr int chunk_dim(int warp, int c, int t) {
-    return (kVFromK ? warp * kDimsPerWarpV : warp * kDimsPerWarpQK) + 16 * (2 * t + c);
-  }
-  __host__ __device__ static constexpr int last_step_dim(int warp, int t) {
-    return (kVFromK ? kHeadDimV + warp * (kHeadDimQK - kHeadDimV) / kWarps : warp * kDimsPerWarpQK + 128) + 4 * t;
-  }
-  // kFp8VFromK: P.V n-tile v = 2j + h is the transpose of Q.K k-step j's half h (VOperands): thread t holds, in
-  // both halves of k-step j, dims D_j .. D_j + 3 = 128w + 32t + 4j .. + 3, so o[v][2hr + e] is dim 128w + 32t +
-  // 2v + e. kFp8VFromStage: n-tile 4G + r, column g is dim 128w + 32G + 4g + r (load_v), as for bf16 rows.
-  __host__ __device__ static constexpr int out_dim(int warp, int G, int t) {
-    return warp * kDimsPerWarpV + (kVFromK ? 32 * t + 8 * G : 32 * G + 8 * t);
-  }
-  __host__ __device__ static constexpr int out_offset(int r, int e) { return kVFromK ? 2 * r + e : 4 * e + r; }
+  // The 16-dim chunk (of the warp's 9) that a thread's 16-byte K load c covers; Q uses the same (qk_operands.cuh).
+  __device__ __forceinline__ static int k_chunk(int c, int t) { return 2 * t + c; }
 
   // A thread's fragment offsets within a stage, computed once per row: K rows 8n + g differ by whole swizzle
   // periods (8 rows), so n only adds n KB; V rows 16s + 2t + j (+ 8) likewise only add 2s KB (+ 1 KB).
   struct Lane {
-    int k_off[3];                                // the two 16-byte K loads and the 4-byte one, row g
-    int v_off[kVFromK ? 1 : kVGroups][2];        // V group G, row 2t + j (kFp8VFromStage only)
+    int k_off[3];     // the two 16-byte K loads and the 4-byte one, row g
+    int v_off[4][2];  // V group G, row 2t + j
     __device__ __forceinline__ Lane(int warp, int g, int t) {
-      k_off[0] = offset(g, chunk_dim(warp, 0, t));
-      k_off[1] = offset(g, chunk_dim(warp, 1, t));
-      k_off[2] = offset(g, last_step_dim(warp, t));
+      const int d0 = warp * kDimsPerWarpQK;
+      k_off[0] = offset(g, d0 + 16 * k_chunk(0, t));
+      k_off[1] = offset(g, d0 + 16 * k_chunk(1, t));
+      k_off[2] = offset(g, d0 + 128 + 4 * t);
+#pragma unroll
+      for (int G = 0; G < kVGroups; ++G)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) v_off[G][j] = offset(2 * t + j, warp * kDimsPerWarpV + G * 32 + 4 * g);
       // Opaque to the compiler, which would otherwise recompute the swizzle at every tile to save registers.
 #pragma unroll
       for (int k = 0; k < 3; ++k) asm volatile("" : "+r"(k_off[k]));
-      if constexpr (!kVFromK) {
 #pragma unroll
-        for (int G = 0; G < kVGroups; ++G)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            v_off[G][j] = offset(2 * t + j, warp * kDimsPerWarpV + G * 32 + 4 * g);
-            asm volatile("" : "+r"(v_off[G][j]));
-          }
-      }
+      for (int G = 0; G < kVGroups; ++G) asm volatile("" : "+r"(v_off[G][0]), "+r"(v_off[G][1]));
     }
   };
 
-  __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
-                                                uint32_t kb[kKSteps][2]) {
-    const uint8_t* r = tile + n * 8 * kFp8BoxBytes;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const uint4 a = lds<uint4>(r + lane.k_off[c]);
-      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) e4m3x4_to_f16x4(w[jj], kb[4 * c + jj][0], kb[4 * c + jj][1]);
-    }
-    const uint32_t u = lds<uint32_t>(r + lane.k_off[2]);
-    e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
-  }
-
-  // kFp8VFromStage: V group G of k-step s, 4 bytes of each of tokens 2t, 2t + 1, 2t + 8, 2t + 9 (dims 4g .. 4g + 3
-  // of the group), paired by token and converted.
   __device__ __forceinline__ static void load_v(const uint8_t* tile, const Lane& lane, int s, int group,
                                                 uint32_t vb[4][2]) {
     const uint8_t* r0 = tile + lane.v_off[group][0] + s * 16 * kFp8BoxBytes;
@@ -172,38 +111,19 @@ struct Fp8SwizzledRows {
     e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
   }
 
-  // kFp8VFromK: P.V's B fragments, kept from Q.K: half h of K fragment j of n-tile n is the 8x8 block (tokens
-  // 8n .. 8n + 7, k slots 8h .. 8h + 7); transposed, thread (g, t) holds slot g at tokens 8n + 2t, + 1, i.e. the
-  // B fragment half of P.V k-step n / 2 (tokens 8 (n % 2) + 2t, + 1 of it) for n-tile 2j + h. 64 movmatrix
-  // replace the second conversion of every V value and its 32 LDS + 32 PRMT.
-  struct VFromK {
-    static constexpr int kKeptSteps = kDimsPerWarpV / 16;  // the k-steps over V dims: all but the rope one
-    static_assert(2 * kKeptSteps == kVTilesPerWarp && kKeptSteps < kKSteps, "one P.V n-tile per k-step half");
-    static_assert(kTokens == 32, "64 registers of kept fragments per 32 tokens: more would spill");
-    uint32_t b[kVTilesPerWarp][Geometry::kKStepsPV][2];
-    __device__ __forceinline__ void keep(int n, const uint32_t kb[kKSteps][2]) {
+  __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,
+                                                uint32_t kb[kKSteps][2]) {
+    const uint8_t* r = tile + n * 8 * kFp8BoxBytes;
 #pragma unroll
-      for (int j = 0; j < kKeptSteps; ++j)
+    for (int c = 0; c < 2; ++c) {
+      const uint4 a = lds<uint4>(r + lane.k_off[c]);
+      const uint32_t w[4] = {a.x, a.y, a.z, a.w};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) b[2 * j + h][n / 2][n % 2] = movmatrix_trans(kb[j][h]);
+      for (int jj = 0; jj < 4; ++jj) e4m3x4_to_f16x4(w[jj], kb[4 * c + jj][0], kb[4 * c + jj][1]);
     }
-    __device__ __forceinline__ void get(const uint8_t*, const Lane&, int s, int group, uint32_t vb[4][2]) const {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        vb[r][0] = b[4 * group + r][s][0];
-        vb[r][1] = b[4 * group + r][s][1];
-      }
-    }
-  };
-  // kFp8VFromStage: nothing is kept from Q.K.
-  struct VFromStage {
-    __device__ __forceinline__ void keep(int, const uint32_t[kKSteps][2]) {}
-    __device__ __forceinline__ void get(const uint8_t* tile, const Lane& lane, int s, int group,
-                                        uint32_t vb[4][2]) const {
-      load_v(tile, lane, s, group, vb);
-    }
-  };
-  using VOperands = std::conditional_t<kVFromK, VFromK, VFromStage>;
+    const uint32_t u = lds<uint32_t>(r + lane.k_off[2]);
+    e4m3x4_to_f16x4(u, kb[8][0], kb[8][1]);
+  }
 };
 
 // Copies tile rows [first_row, first_row + valid) into a stage of row stride kRowStride; rows past `valid` are
@@ -265,10 +185,10 @@ struct RowCopier {
   }
 };
 
-// kVariant (config.h Fp8Variant) selects the fp8 tile and fragment layout; the other formats have one.
+// kVariant (config.h Fp8Variant) selects the fp8 tile size; the other formats have one.
 // kPrologueTiles: the tiles issued before the loop. One stage stays empty until the loop's first barrier where
-// more than two stages keep enough in flight; with two 64-token stages both are filled at once.
-template <int kFormat, int kVariant = kFp8VFromK>
+// more than two stages keep enough in flight; two 64-token stages are both filled at once.
+template <int kFormat, int kVariant = kFp8Tile32>
 struct KvTile;
 
 template <int kVariant>
@@ -293,7 +213,7 @@ struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
 template <int kVariant>
 struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 : 32> {
   using Geometry = TileGeometry<kVariant == kFp8Tile64 ? 64 : 32>;
-  using Rows = Fp8SwizzledRows<kVariant == kFp8VFromK, Geometry::kTileTokens>;
+  using Rows = Fp8SwizzledRows<Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = true;
   static constexpr int kStages = kVariant == kFp8Tile64 ? kStagesFp8Tile64 : kStagesFp8;

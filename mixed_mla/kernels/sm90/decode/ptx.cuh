@@ -90,14 +90,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const uint8_t* row_ad
                : "r"(smem_addr(row_address)));
 }
 
-// The 8x8 b16 matrix whose row g, columns 2t, 2t + 1 thread (g, t) holds, transposed: thread (g, t) receives
-// elements (2t, g), (2t + 1, g).
-__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
-  uint32_t r;
-  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
-  return r;
-}
-
 // Four e4m3 (byte i -> value i) to two f16x2 registers, exactly (every e4m3 value is an f16 value). Two F2FP on
 // sm_90 that read the halves of the source register directly (no shift to move the high half down).
 __device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t four_bytes, uint32_t& lo, uint32_t& hi) {

@@ -1,6 +1,6 @@
 // The Q side of S = Q.K^T: Q fragments held in registers for a whole query row, and the partial scores of one
-// tile over this warp's 144 dims (9 mma k-steps of 16, in the K fragment order of kv_tiles.cuh, which also says
-// which dims a warp owns). Two variants of one template:
+// tile over this warp's dims (warp w owns dims [144w, 144w + 144), 9 mma k-steps of 16, in the K fragment order
+// of kv_tiles.cuh). Two variants of one template:
 //   bf16 and mxfp4 caches: bf16 mma, Q exactly as given.
 //   fp8 cache: f16 mma on K converted in registers (exact); Q scaled per head by a power of two so that max|q|
 //     lands in [2^14, 2^15): f16 then holds every bf16 value of the row exactly, at any |q| (1e4 included).
@@ -50,17 +50,18 @@ struct QkHalf {
                                         uint32_t qw[2][kKSteps][2]) const {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const uint16_t* src = p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride;
+      const uint16_t* src =
+          p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride + warp * kDimsPerWarpQK;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + Rows::chunk_dim(warp, c, t)));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + Rows::chunk_dim(warp, c, t) + 8));
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t)));
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t) + 8));
         qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
         qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
         qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
         qw[hr][4 * c + 3][0] = b.z; qw[hr][4 * c + 3][1] = b.w;
       }
-      const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + Rows::last_step_dim(warp, t)));
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + 128 + 4 * t));
       qw[hr][8][0] = u.x; qw[hr][8][1] = u.y;
     }
   }
@@ -108,10 +109,9 @@ struct QkHalf {
     }
   }
 
-  // Each n-tile's K fragments, once used, go to `v` (Rows::VOperands), which keeps them where P.V reuses them (fp8).
   template <int kNTilesQK>
   __device__ __forceinline__ void partial_scores(const uint8_t* tile, const typename Rows::Lane& lane,
-                                                 float (&s)[kNTilesQK][4], typename Rows::VOperands& v) const {
+                                                 float (&s)[kNTilesQK][4]) const {
 #pragma unroll
     for (int n = 0; n < kNTilesQK; ++n) {
       uint32_t kb[kKSteps][2];
@@ -122,7 +122,6 @@ struct QkHalf {
         if constexpr (kF16) mma_f16(s[n], qa[j], kb[j][0], kb[j][1]);
         else mma_bf16(s[n], qa[j], kb[j][0], kb[j][1]);
       }
-      v.keep(n, kb);
     }
   }
 };

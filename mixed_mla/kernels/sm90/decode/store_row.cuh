@@ -1,6 +1,5 @@
-// The end of a row: normalised output of the two head rows a thread holds (4 pieces of 8 consecutive dims, placed
-// by the format's fragment layout: Rows::out_dim, kv_tiles.cuh), as bf16 to `out` when the row is not split, else
-// as bf16 partials plus the fp32 log2-domain LSE for the merge.
+// The end of a row: normalised output of the two head rows a thread holds (8 consecutive dims per 32-dim group),
+// as bf16 to `out` when the row is not split, else as bf16 partials plus the fp32 log2-domain LSE for the merge.
 // bf16 partials halve the stores at the end of every split CTA (fp32 ones took 1.2-2.3 us at 256 CTAs,
 // NOTES_sm90.md v29); their rounding is that of the output itself, well inside the accuracy bounds.
 #pragma once
@@ -13,7 +12,6 @@
 
 namespace mla_sm90 {
 
-template <typename Rows>
 __device__ __forceinline__ void store_row(const DecodeParams& p, int row, int head0, int split, int warp, int g,
                                           int t, const float m[2], const float l[2],
                                           const float o[kVTilesPerWarp][4], float v_scale) {
@@ -25,10 +23,11 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int row, int he
     for (int G = 0; G < kVGroups; ++G) {
       float v[8];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) v[Rows::out_offset(r, e)] = o[4 * G + r][2 * hr + e] * inv;
-      const int dim = Rows::out_dim(warp, G, t);
+      for (int r = 0; r < 4; ++r) {
+        v[r] = o[4 * G + r][2 * hr] * inv;
+        v[4 + r] = o[4 * G + r][2 * hr + 1] * inv;
+      }
+      const int dim = warp * kDimsPerWarpV + G * 32 + 8 * t;
       uint4 packed;
       packed.x = pack_bf16x2(v[0], v[1]);
       packed.y = pack_bf16x2(v[2], v[3]);
