@@ -186,8 +186,9 @@ struct RowCopier {
 };
 
 // kVariant (config.h Fp8Variant) selects the fp8 tile size; the other formats have one.
-// kPrologueTiles: the tiles issued before the loop. One stage stays empty until the loop's first barrier where
-// more than two stages keep enough in flight; two 64-token stages are both filled at once.
+// kPrologueTiles: the tiles issued before the loop. With 3-4 stages one stays empty until the loop's first barrier
+// (cp.async's wait counts rely on it); the two 64-token stages are both filled at once, so that a second tile is in
+// flight from the start (NOTES_sm90.md v41: within noise of filling one).
 template <int kFormat, int kVariant = kFp8Tile32>
 struct KvTile;
 
