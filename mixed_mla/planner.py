@@ -37,8 +37,8 @@ BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": (
 # cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.3-2x slower than fp8
 # on all 8 benchmark shapes (bench/results/sm90/kernel_bench_2026-12-02.json).
 FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
-BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"),  # first = heuristic default
-                    "cuda_sm90": ("", "tile64")}
+# The first is the heuristic's default (cuda_sm90 fp8 picks by tokens per split: _heuristic_plan).
+BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"), "cuda_sm90": ("", "tile64")}
 # Variants that exist for some cache formats only (the others have just the backend's first variant).
 VARIANT_FORMATS = {("cuda_sm90", "tile64"): ("fp8",)}
 AITER_PAGE_SIZES = (1, 2, 8)
@@ -50,6 +50,10 @@ _WAVES = 2
 _MIN_TOKENS_PER_SPLIT = 256
 # candidates() goes lower: splits of 64 tokens (two 32-token tiles) are the smallest worth timing.
 _MIN_TOKENS_PER_CANDIDATE_SPLIT = 64
+# fp8 on cuda_sm90 without a table entry: 64-token tiles where a split's share of a row is long (2048-8192 tokens
+# per split measured 1-5% faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM
+# measured 8% slower with 64; ties in between). NOTES_sm90.md v42.
+_TILE64_MIN_TOKENS_PER_SPLIT = 1024
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,8 @@ def _default_backend(arch: str, kv_format) -> str:
 def _heuristic_plan(arch, batch, kv_len, num_heads, backend, kv_format) -> Plan:
     variant = BACKEND_VARIANTS.get(backend, ("",))[0]
     splits = 1 if backend == "torch" else heuristic_splits(arch, batch, kv_len, num_heads)
+    if backend == "cuda_sm90" and kv_format == "fp8" and kv_len // splits >= _TILE64_MIN_TOKENS_PER_SPLIT:
+        variant = "tile64"
     return Plan(backend=backend, kv_format=kv_format, num_splits=splits, variant=variant)
 
 

@@ -182,6 +182,14 @@ def test_a_format_specific_variant_is_a_candidate_of_its_format_only():
     assert variants("torch", "fp8") == ("",)
 
 
+def test_the_heuristic_takes_64_token_fp8_tiles_for_long_splits_only():
+    long_rows = plan_for("sm90", 256, 1, 8192, 16, "fp8")       # 2 splits of 4096 tokens
+    short_rows = plan_for("sm90", 64, 1, 1024, 16, "fp8")       # 4 splits of 256 tokens
+    assert (long_rows.source, long_rows.variant) == ("heuristic", "tile64")
+    assert (short_rows.source, short_rows.variant) == ("heuristic", "")
+    assert plan_for("sm90", 256, 1, 8192, 16, "bf16").variant == ""
+
+
 def test_candidates_without_a_compiled_backend_are_the_torch_plans(monkeypatch):
     monkeypatch.setenv("MLA_BACKEND", "aiter")  # ignored by candidates
     assert candidates("cpu", 4, 1, 1024, 16) == [Plan("torch", f, 1) for f in KV_FORMATS]
