@@ -31,21 +31,16 @@ TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
 FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64"}                        # config.h Fp8Variant
-# (format, variant) of every split kernel decode.cu launches, as the probe prints their dynamic shared memory
+# (format, variant) of every split kernel decode.cu launches; the probe prints their dynamic shared memory in order
 SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0)]
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
 
-SMEM_PROBE = """
-#include <cstdio>
-#include "decode_split.cuh"
-int main() {
-  std::printf("%d %d %d %d\\n", mla_sm90::split_smem_bytes<0, 0>(), mla_sm90::split_smem_bytes<1, 0>(),
-              mla_sm90::split_smem_bytes<1, 1>(), mla_sm90::split_smem_bytes<2, 0>());
-}
-"""
+SMEM_PROBE = "#include <cstdio>\n#include \"decode_split.cuh\"\nint main() {\n" + "".join(
+    f'  std::printf("%d\\n", mla_sm90::split_smem_bytes<{fmt}, {variant}>());\n' for fmt, variant in SPLIT_KERNELS
+) + "}\n"
 
 
 @dataclass
