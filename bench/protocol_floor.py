@@ -4,21 +4,29 @@ eval.py (like the leaderboard's) flushes the cache by WRITING a buffer larger th
 so the call starts with L2 full of dirty lines, and every line a call brings in first evicts one that must go back
 to HBM. This script times, per shape (medians, µs):
   zero_output        - allocate and zero the output under eval.py's flush: the least any implementation does;
+  empty kernel       - one launch of an empty kernel under eval.py's flush: the launch alone;
   ours               - submission.custom_kernel under eval.py's flush (eval.py's own `timed_call`);
   ours, clean L2     - the same call after a flush that only READS a buffer larger than L2 (no dirty lines left);
-  read, dirty/clean  - a plain torch read of the fp8 cache's bytes (a float sum over them) under both flushes;
+  read, dirty/clean  - the fastest plain read of the fp8 cache's bytes we have (bench/stream_read_sm90.cu, the
+                       best of a few grid sizes) under both flushes;
 and the fp8 HBM floor, so the targets of issue 4 can be read against what the protocol itself costs: the gap
-between the dirty and clean columns is the write-back traffic the protocol adds to any implementation.
-    python3 bench/protocol_floor.py [--repeats 30]
+between the dirty and clean columns is the write-back traffic the protocol adds to any implementation, and the
+read column is what reading the bytes costs any decode under it.
+    python3 bench/protocol_floor.py [--repeats 30]      (builds the read probe with nvcc first)
 """
 import argparse
+import ctypes
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from eval import timed_call  # noqa: E402
 from reference import generate_input  # noqa: E402
 from utils import flush_bytes  # noqa: E402
@@ -26,6 +34,24 @@ from utils import flush_bytes  # noqa: E402
 SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
 FP8_BYTES_PER_TOKEN = 576
 HBM_BYTES_PER_S = 4.25e12
+PROBE_SOURCE = ROOT / "bench" / "stream_read_sm90.cu"
+CTAS_PER_SM = (1, 2, 4, 8)   # the read probe's grid sizes; the fastest is reported
+
+
+def build_probe(workdir: Path) -> ctypes.CDLL:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    library = workdir / "stream_read_sm90.so"
+    subprocess.run([nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-shared", "-Xcompiler", "-fPIC", "-o",
+                    str(library), str(PROBE_SOURCE)], check=True)
+    probe = ctypes.CDLL(str(library))
+    probe.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    probe.empty_launch.argtypes = [ctypes.c_void_p]
+    return probe
+
+
+def checked(err: int) -> None:
+    if err != 0:
+        raise RuntimeError(f"probe launch failed with cudaError {err}")
 
 
 def zero_output(data):
@@ -55,31 +81,44 @@ def main():
     args = parser.parse_args()
     from submission import custom_kernel
     device = torch.device("cuda")
+    probe = build_probe(Path(tempfile.mkdtemp()))
+    sink = torch.zeros(1, dtype=torch.int32, device=device)
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     clean_flush = torch.ones(flush_bytes(device) // 4, dtype=torch.float32, device=device)
+
+    def empty_kernel(_data):
+        checked(probe.empty_launch(torch.cuda.current_stream().cuda_stream))
+
     rows = []
     for batch, kv_len in SHAPES:
         data = generate_input(batchsize=batch, qseqlen=1, kvseqlen=kv_len, seed=1)
         fp8_cache = data[1]["fp8"][0]
-        words = fp8_cache.view(torch.uint8).reshape(-1)[: fp8_cache.numel() // 4 * 4].view(torch.float32)
 
-        def read_cache(_data):
-            return words.sum()
-
-        row = [f"{batch}x{kv_len}"]
-        for fn in (zero_output, custom_kernel, read_cache):
+        def timings(fn):
             fn(data)  # warm-up: builds, plans, first-sight validation
-            row.append(median_us(args.repeats, lambda: timed_call(fn, data)[1] / 1e3))
-            if fn is not zero_output:
-                row.append(median_us(args.repeats, lambda: clean_timed_call(fn, data, clean_flush)))
-        rows.append(row + [batch * kv_len * FP8_BYTES_PER_TOKEN / HBM_BYTES_PER_S * 1e6])
-        del data, fp8_cache, words
+            return (median_us(args.repeats, lambda: timed_call(fn, data)[1] / 1e3),
+                    median_us(args.repeats, lambda: clean_timed_call(fn, data, clean_flush)))
+
+        reads = {}
+        for ctas_per_sm in CTAS_PER_SM:
+            def read_cache(_data, ctas=ctas_per_sm * num_sms):
+                checked(probe.stream_read(fp8_cache.data_ptr(), fp8_cache.numel(), ctas, sink.data_ptr(),
+                                          torch.cuda.current_stream().cuda_stream))
+            reads[ctas_per_sm] = timings(read_cache)
+        best = min(reads, key=lambda k: reads[k][0])
+        rows.append((f"{batch}x{kv_len}", median_us(args.repeats, lambda: timed_call(zero_output, data)[1] / 1e3),
+                     median_us(args.repeats, lambda: timed_call(empty_kernel, data)[1] / 1e3),
+                     *timings(custom_kernel), *reads[best], best,
+                     batch * kv_len * FP8_BYTES_PER_TOKEN / HBM_BYTES_PER_S * 1e6))
+        del data, fp8_cache
     print(f"{torch.cuda.get_device_name()}: medians over {args.repeats} calls (us); dirty = eval.py's write flush, "
-          f"clean = a read flush of the same size")
-    print(f"{'shape':>10} {'zero_output':>12} {'ours dirty':>11} {'ours clean':>11} {'read dirty':>11} "
-          f"{'read clean':>11} {'fp8 floor':>10}")
-    for name, zero, ours, ours_clean, read, read_clean, floor in rows:
-        print(f"{name:>10} {zero:12.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} {read_clean:11.2f} "
-              f"{floor:10.2f}")
+          f"clean = a read flush of the same size; read = stream_read_sm90.cu at the fastest of "
+          f"{'/'.join(map(str, CTAS_PER_SM))} CTAs per SM under the dirty flush")
+    print(f"{'shape':>10} {'zero_output':>12} {'empty kernel':>13} {'ours dirty':>11} {'ours clean':>11} "
+          f"{'read dirty':>11} {'read clean':>11} {'CTAs/SM':>8} {'fp8 floor':>10}")
+    for name, zero, empty, ours, ours_clean, read, read_clean, ctas, floor in rows:
+        print(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} {read_clean:11.2f} "
+              f"{ctas:8d} {floor:10.2f}")
 
 
 if __name__ == "__main__":

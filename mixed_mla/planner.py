@@ -37,19 +37,23 @@ BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": (
 # cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.3-2x slower than fp8
 # on all 8 benchmark shapes (bench/results/sm90/kernel_bench_2026-12-02.json).
 FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
-# The first is the heuristic's default (cuda_sm90 fp8 picks by tokens per split: _heuristic_plan).
+# The first is the heuristic's default (cuda_sm90 fp8 picks by tokens per split: heuristic_plan).
 BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"), "cuda_sm90": ("", "tile64")}
 # Variants that exist for some cache formats only (the others have just the backend's first variant).
 VARIANT_FORMATS = {("cuda_sm90", "tile64"): ("fp8",)}
 AITER_PAGE_SIZES = (1, 2, 8)
 
-# Split heuristic: fill the device with about two waves of stage-1 workgroups (a second wave hides the tail of the
-# first), but give every split at least ~256 tokens (8 tiles of 32) so the merge stays cheap next to the work.
+# Split heuristic, for shapes without a table entry. The grid is rows x splits workgroups (rows = batch x q_len x
+# head groups), of which a compute unit holds _RESIDENT_PER_UNIT at once. Fitted on the H200 (NOTES_sm90.md,
+# "The heuristic"), where one workgroup more than the slots starts a second wave that costs 25-35%:
+# - long rows (at least one workgroup per unit with >= _MIN_TOKENS_PER_LONG_SPLIT tokens each): fill the slots
+#   once, never more, the splits no shorter than that;
+# - short rows (fewer): one workgroup per unit, where a lone one runs its tiles fastest, with splits down to
+#   _MIN_TOKENS_PER_SPLIT tokens (two 32-token tiles), the smallest worth a merge.
 _COMPUTE_UNITS = {"sm90": 132, "gfx950": 256, "gfx942": 304}
-_WAVES = 2
-_MIN_TOKENS_PER_SPLIT = 256
-# candidates() goes lower: splits of 64 tokens (two 32-token tiles) are the smallest worth timing.
-_MIN_TOKENS_PER_CANDIDATE_SPLIT = 64
+_RESIDENT_PER_UNIT = 2
+_MIN_TOKENS_PER_LONG_SPLIT = 256
+_MIN_TOKENS_PER_SPLIT = 64   # also the shortest split candidates() offers
 # fp8 on cuda_sm90 without a table entry: 64-token tiles where a split's share of a row is long (2048-8192 tokens
 # per split measured 1-5% faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM
 # measured 8% slower with 64; ties in between). NOTES_sm90.md v42.
@@ -77,15 +81,18 @@ def device_arch(device) -> str:
     return "sm90" if torch.cuda.get_device_capability(device) == (9, 0) else "cuda"
 
 
-def heuristic_splits(arch: str, batch: int, kv_len: int, num_heads: int) -> int:
-    """KV splits per (query, head group): ~2 waves of workgroups, >= 256 tokens per split, <= 64."""
+def heuristic_splits(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -> int:
+    """KV splits per (query, head group) for a shape without a table entry (see _RESIDENT_PER_UNIT above)."""
     units = _COMPUTE_UNITS.get(arch)
     if units is None:
         return 1
-    head_groups = math.ceil(num_heads / HEAD_GROUP)
-    to_fill = math.ceil(_WAVES * units / (batch * head_groups))
-    by_tokens = max(1, kv_len // _MIN_TOKENS_PER_SPLIT)
-    return max(1, min(to_fill, by_tokens, MAX_SPLITS))
+    rows = batch * q_len * math.ceil(num_heads / HEAD_GROUP)
+    long_splits = kv_len // _MIN_TOKENS_PER_LONG_SPLIT
+    if rows * long_splits >= units:
+        splits = min(long_splits, _RESIDENT_PER_UNIT * units // rows)
+    else:
+        splits = min(kv_len // _MIN_TOKENS_PER_SPLIT, units // rows)
+    return max(1, min(splits, MAX_SPLITS))
 
 
 def _default_backend(arch: str, kv_format) -> str:
@@ -95,9 +102,17 @@ def _default_backend(arch: str, kv_format) -> str:
     return "torch"
 
 
-def _heuristic_plan(arch, batch, kv_len, num_heads, backend, kv_format) -> Plan:
+def heuristic_plan(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None,
+                   backend=None) -> Plan:
+    """The plan without table or environment: the arch's default backend (or `backend`), the format asked for (or
+    that backend's fastest), the heuristic's splits; for cuda_sm90 fp8, 64-token tiles when a split is long."""
+    backend = backend or _default_backend(arch, kv_format)
+    kv_format = kv_format or FASTEST_FORMAT[backend]
+    if kv_format not in BACKEND_FORMATS[backend]:
+        raise ValueError(f"backend {backend!r} cannot read kv_format {kv_format!r} "
+                         f"(it implements {', '.join(BACKEND_FORMATS[backend])})")
     variant = BACKEND_VARIANTS.get(backend, ("",))[0]
-    splits = 1 if backend == "torch" else heuristic_splits(arch, batch, kv_len, num_heads)
+    splits = 1 if backend == "torch" else heuristic_splits(arch, batch, q_len, kv_len, num_heads)
     if backend == "cuda_sm90" and kv_format == "fp8" and kv_len // splits >= _TILE64_MIN_TOKENS_PER_SPLIT:
         variant = "tile64"
     return Plan(backend=backend, kv_format=kv_format, num_splits=splits, variant=variant)
@@ -141,12 +156,7 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
     if entry is not None and forced in (None, entry.backend):
         plan = entry
     else:
-        chosen_backend = forced or _default_backend(arch, requested_format)
-        chosen_format = requested_format or FASTEST_FORMAT[chosen_backend]
-        if chosen_format not in BACKEND_FORMATS[chosen_backend]:
-            raise ValueError(f"backend {chosen_backend!r} cannot read kv_format {chosen_format!r} "
-                             f"(it implements {', '.join(BACKEND_FORMATS[chosen_backend])})")
-        plan = _heuristic_plan(arch, batch, kv_len, num_heads, chosen_backend, chosen_format)
+        plan = heuristic_plan(arch, batch, q_len, kv_len, num_heads, requested_format, forced)
     env_applied = ((env_backend is not None and backend is None) or (env_format is not None and kv_format is None)
                    or env_splits is not None)
     if env_applied:
@@ -166,13 +176,13 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     Formats x the arch's backends that implement them x variants (x page sizes for aiter) x power-of-two splits
     from 1 to 64 that leave at least 64 tokens per split. Without a compiled backend: the torch plan per format.
     """
-    max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
+    max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
     plans = []
     for kv_format in KV_FORMATS:
         backends = [b for b in ARCH_BACKENDS.get(arch, ()) if kv_format in BACKEND_FORMATS[b]] or ["torch"]
         for backend in backends:
-            plans.append(_heuristic_plan(arch, batch, kv_len, num_heads, backend, kv_format))
+            plans.append(heuristic_plan(arch, batch, q_len, kv_len, num_heads, kv_format, backend))
             if backend == "torch":
                 continue
             page_sizes = AITER_PAGE_SIZES if backend == "aiter" else (1,)

@@ -135,3 +135,17 @@ def test_a_run_stopped_after_the_first_shape_leaves_its_table(tmp_path, monkeypa
         _tune(tmp_path)
     table = planner.parse_table((tmp_path / "table.json").read_text(), "partial run")
     assert {key[:4] for key in table} == {(2, 1, 32, 16)}
+
+
+def test_the_heuristic_is_reported_against_the_best_plan():
+    shape = autotune.Shape(48, 1, 4096, 16)
+    guess = autotune.plan_fields(planner.heuristic_plan("sm90", 48, 1, 4096, 16))
+    best = {**guess, "num_splits": 4, "variant": "tile64"}
+    records = [{"shape": shape.key, "plan": guess, "us": 55.0, "status": "ok"},
+               {"shape": shape.key, "plan": best, "us": 50.0, "status": "ok"},
+               {"shape": shape.key, "plan": {**guess, "num_splits": 2}, "us": 1.0, "status": "rejected: wrong"}]
+    [line] = autotune.heuristic_report(records, [shape], "sm90")
+    assert line == "heuristic 48x4096 q1 h16: cuda_sm90 fp8 s5 55.00 us, +10.0% against the best " \
+                   "(cuda_sm90 fp8 s4 tile64 50.00 us)"
+    [line] = autotune.heuristic_report(records[1:], [shape], "sm90")   # the heuristic's plan was not timed
+    assert "s5 not measured" in line

@@ -226,6 +226,29 @@ def best_entries(records: list, shapes: list, source: str) -> list:
     return entries
 
 
+def heuristic_report(records: list, shapes: list, arch: str) -> list:
+    """Per shape, the plan the planner makes without a table entry (planner.heuristic_plan) against the fastest
+    measured: how much a shape the table lacks loses."""
+    lines = []
+    for shape in shapes:
+        passing = [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+        if not passing:
+            continue
+        guess = plan_fields(planner.heuristic_plan(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))
+        guessed = next((r for r in passing if r["plan"] == guess), None)
+        best = min(passing, key=lambda r: r["us"])
+        text = (f"{guessed['us']:.2f} us, {guessed['us'] / best['us'] - 1:+.1%} against the best"
+                if guessed is not None else "not measured")
+        lines.append(f"heuristic {shape}: {describe(guess)} {text} ({describe(best['plan'])} {best['us']:.2f} us)")
+    return lines
+
+
+def describe(fields: dict) -> str:
+    return (f"{fields['backend']} {fields['kv_format']} s{fields['num_splits']}"
+            + (f" {fields['variant']}" if fields["variant"] else "") + (f" p{fields['page_size']}"
+                                                                         if fields["page_size"] != 1 else ""))
+
+
 def _entry_key(entry):
     return (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
 
@@ -356,6 +379,8 @@ def main(argv=None) -> Path:
     entries = write_table(table_path, partial.records, args.shapes, device, args)
     missing = [str(s) for s in args.shapes if not any(e["batch"] == s.batch and e["kv_len"] == s.kv_len
                                                       for e in entries)]
+    for line in heuristic_report(partial.records, args.shapes, arch):
+        print(line)
     print(f"wrote {table_path}: {len(entries)} entries for {len(args.shapes) - len(missing)} shapes"
           + (f"; no plan passed for {', '.join(missing)}" if missing else ""))
     return table_path

@@ -67,6 +67,12 @@ def splits_for(requested: int, total_q: int, num_heads: int) -> int:
 def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
     """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
     kernel strides over their rows), so a wrong hint costs time, never correctness."""
+    _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale,
+                                         max_q_len))
+
+
+def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    """The C++ forward's arguments for run's inputs (bench/host_overhead.py times the forward alone with them)."""
     code = FORMAT_CODES[kv_format]
     if plan.variant not in FP8_VARIANTS or (plan.variant and kv_format != "fp8"):
         raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_VARIANTS)} "
@@ -75,9 +81,8 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     total_q, num_heads = q.shape[0], q.shape[1]
     splits = splits_for(plan.num_splits, total_q, num_heads)
     partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
-    _module().forward(q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code,
-                      FP8_VARIANTS[plan.variant], splits,
-                      max(1, int(max_q_len or 1)), float(sm_scale))
+    return (q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code, FP8_VARIANTS[plan.variant],
+            splits, max(1, int(max_q_len or 1)), float(sm_scale))
 
 
 def _workspace(device, total_q, num_heads, splits):

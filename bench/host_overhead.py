@@ -1,0 +1,89 @@
+"""Host time of one decode call on the GPU, layer by layer: where a step's CPU time goes when nothing hides it.
+
+eval.py's own timing hides host time behind its 1 GiB flush, but an inference stack that does not capture CUDA
+graphs pays it every step. With the GPU kept busy (a spin kernel) so no call ever waits for it, this times on the
+host (perf_counter, median of --calls per layer):
+  custom_kernel      - submission.custom_kernel(data): the drop-in's call, a cached plan and one backend call;
+  DecodePlan.run     - the public API's per-step call (check_inputs on every call, then the backend);
+  DecodePlan.launch  - the backend call alone (cuda_sm90.run: workspace lookup, then the C++ forward);
+  C++ forward        - the binding's forward alone (pybind, checks, tensor map, the launches);
+  torch.empty        - allocating the output, which custom_kernel and run do every call;
+  empty launch       - one launch of an empty kernel through ctypes: what any launch costs.
+    python3 bench/host_overhead.py [--calls 300]     (builds bench/stream_read_sm90.cu's library with nvcc first)
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from protocol_floor import build_probe, checked  # noqa: E402
+from reference import generate_input  # noqa: E402
+
+SHAPES = [(4, 1024), (4, 8192), (256, 8192)]   # the bf16 merged, fp8 merged and fp8 single-pass table entries
+BUSY_CYCLES_PER_CALL = 200_000                  # ~100 us of spin per call: far more than any call's host time
+CALLS_PER_SPIN = 50                             # launches queued behind one spin stay far below the queue's depth
+
+
+def host_us(fn, calls):
+    """Median host time of fn() with the GPU busy throughout."""
+    times = []
+    for start in range(0, calls, CALLS_PER_SPIN):
+        torch.cuda._sleep(BUSY_CYCLES_PER_CALL * CALLS_PER_SPIN)
+        for _ in range(min(CALLS_PER_SPIN, calls - start)):
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    args = parser.parse_args()
+    import importlib
+    import submission
+    from submission import custom_kernel
+    entry = importlib.import_module(submission._PACKAGE + ".entry")   # the bundled package, for its cached plans
+    probe = build_probe(Path(tempfile.mkdtemp()))
+    layers = ("custom_kernel", "DecodePlan.run", "DecodePlan.launch", "C++ forward", "torch.empty", "empty launch")
+    rows = []
+    for batch, kv_len in SHAPES:
+        data = generate_input(batchsize=batch, qseqlen=1, kvseqlen=kv_len, seed=1)
+        q, kv_data, qo_indptr, kv_indptr, config = data
+        custom_kernel(data)   # plans the layout (the first call's validation and sync)
+        planned = next(p for key, p in entry._plans.items() if key[0] == batch and key[2] == kv_len)
+        cache = kv_data[planned.kv_format]
+        out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device)
+        backend = planned.backend
+        forward_args = backend.forward_arguments(q, cache, planned.kv_format, qo_indptr, kv_indptr, out,
+                                                 planned.plan, config["sm_scale"], planned.max_q_len)
+        stream = torch.cuda.current_stream().cuda_stream
+        calls = {
+            "custom_kernel": lambda: custom_kernel(data),
+            "DecodePlan.run": lambda: planned.run(q, cache, qo_indptr, kv_indptr, sm_scale=config["sm_scale"],
+                                                  out=out),
+            "DecodePlan.launch": lambda: planned.launch(q, cache, qo_indptr, kv_indptr, out, config["sm_scale"]),
+            "C++ forward": lambda: backend._module().forward(*forward_args),
+            "torch.empty": lambda: torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device),
+            "empty launch": lambda: checked(probe.empty_launch(stream)),
+        }
+        plan = planned.plan
+        rows.append((f"{batch}x{kv_len} {plan.kv_format} s{plan.num_splits} {plan.variant or '-'}",
+                     [host_us(calls[name], args.calls) for name in layers]))
+        del data, q, kv_data, cache, out, forward_args
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of {args.calls}, "
+          f"GPU kept busy")
+    print(f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers))
+    for name, values in rows:
+        print(f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values))
+
+
+if __name__ == "__main__":
+    main()
