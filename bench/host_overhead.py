@@ -8,7 +8,9 @@ host (perf_counter, median of --calls per layer):
   DecodePlan.launch  - the backend call alone (cuda_sm90.run: workspace lookup, then the C++ forward);
   C++ forward        - the binding's forward alone (pybind, checks, tensor map, the launches);
   torch.empty        - allocating the output, which custom_kernel and run do every call;
-  empty launch       - one launch of an empty kernel through ctypes: what any launch costs.
+  empty launch       - one launch of an empty kernel through ctypes: what any launch costs;
+  graph replay       - DecodePlan.launch captured once in a CUDA graph, replayed: what a stack that captures
+                       its decode step pays instead.
     python3 bench/host_overhead.py [--calls 300]     (builds bench/stream_read_sm90.cu's library with nvcc first)
 """
 import argparse
@@ -52,7 +54,8 @@ def main():
     from submission import custom_kernel
     entry = importlib.import_module(submission._PACKAGE + ".entry")   # the bundled package, for its cached plans
     probe = build_probe(Path(tempfile.mkdtemp()))
-    layers = ("custom_kernel", "DecodePlan.run", "DecodePlan.launch", "C++ forward", "torch.empty", "empty launch")
+    layers = ("custom_kernel", "DecodePlan.run", "DecodePlan.launch", "C++ forward", "torch.empty", "empty launch",
+              "graph replay")
     rows = []
     for batch, kv_len in SHAPES:
         data = generate_input(batchsize=batch, qseqlen=1, kvseqlen=kv_len, seed=1)
@@ -65,6 +68,9 @@ def main():
         forward_args = backend.forward_arguments(q, cache, planned.kv_format, qo_indptr, kv_indptr, out,
                                                  planned.plan, config["sm_scale"], planned.max_q_len)
         stream = torch.cuda.current_stream().cuda_stream
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):   # the launches above already ran once: nothing is allocated in capture
+            planned.launch(q, cache, qo_indptr, kv_indptr, out, config["sm_scale"])
         calls = {
             "custom_kernel": lambda: custom_kernel(data),
             "DecodePlan.run": lambda: planned.run(q, cache, qo_indptr, kv_indptr, sm_scale=config["sm_scale"],
@@ -73,11 +79,12 @@ def main():
             "C++ forward": lambda: backend._module().forward(*forward_args),
             "torch.empty": lambda: torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device),
             "empty launch": lambda: checked(probe.empty_launch(stream)),
+            "graph replay": graph.replay,
         }
         plan = planned.plan
         rows.append((f"{batch}x{kv_len} {plan.kv_format} s{plan.num_splits} {plan.variant or '-'}",
                      [host_us(calls[name], args.calls) for name in layers]))
-        del data, q, kv_data, cache, out, forward_args
+        del data, q, kv_data, cache, out, forward_args, graph
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of {args.calls}, "
           f"GPU kept busy")
     print(f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers))

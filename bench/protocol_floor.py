@@ -9,6 +9,8 @@ to HBM. This script times, per shape (medians, µs):
   ours, clean L2     - the same call after a flush that only READS a buffer larger than L2 (no dirty lines left);
   read, dirty/clean  - the fastest plain read of the fp8 cache's bytes we have (bench/stream_read_sm90.cu, the
                        best of a few grid sizes) under both flushes;
+  read mxfp4 bytes   - the same read of as many bytes as the MXFP4 cache holds (codes + scales), under eval.py's
+                       flush: what the smallest format's bytes cost;
 and the fp8 HBM floor, so the targets of issue 4 can be read against what the protocol itself costs: the gap
 between the dirty and clean columns is the write-back traffic the protocol adds to any implementation, and the
 read column is what reading the bytes costs any decode under it.
@@ -16,6 +18,7 @@ read column is what reading the bytes costs any decode under it.
 """
 import argparse
 import ctypes
+import math
 import shutil
 import statistics
 import subprocess
@@ -33,6 +36,7 @@ from utils import flush_bytes  # noqa: E402
 
 SHAPES = [(4, 1024), (4, 8192), (32, 1024), (32, 8192), (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
 FP8_BYTES_PER_TOKEN = 576
+MXFP4_BYTES_PER_TOKEN = 306   # 288 bytes of e2m1 codes + 18 e8m0 scales
 HBM_BYTES_PER_S = 4.25e12
 PROBE_SOURCE = ROOT / "bench" / "stream_read_sm90.cu"
 CTAS_PER_SM = (1, 2, 4, 8)   # the read probe's grid sizes; the fastest is reported
@@ -99,26 +103,34 @@ def main():
             return (median_us(args.repeats, lambda: timed_call(fn, data)[1] / 1e3),
                     median_us(args.repeats, lambda: clean_timed_call(fn, data, clean_flush)))
 
-        reads = {}
-        for ctas_per_sm in CTAS_PER_SM:
-            def read_cache(_data, ctas=ctas_per_sm * num_sms):
-                checked(probe.stream_read(fp8_cache.data_ptr(), fp8_cache.numel(), ctas, sink.data_ptr(),
-                                          torch.cuda.current_stream().cuda_stream))
-            reads[ctas_per_sm] = timings(read_cache)
-        best = min(reads, key=lambda k: reads[k][0])
+        def fastest_read(num_bytes):
+            """(dirty us, clean us, CTAs per SM) of the best grid reading num_bytes of the fp8 cache."""
+            reads = {}
+            for ctas_per_sm in CTAS_PER_SM:
+                def read_cache(_data, ctas=ctas_per_sm * num_sms):
+                    checked(probe.stream_read(fp8_cache.data_ptr(), num_bytes, ctas, sink.data_ptr(),
+                                              torch.cuda.current_stream().cuda_stream))
+                reads[ctas_per_sm] = timings(read_cache)
+            best = min(reads, key=lambda k: reads[k][0])
+            return (*reads[best], best)
+
+        tokens = batch * kv_len
         rows.append((f"{batch}x{kv_len}", median_us(args.repeats, lambda: timed_call(zero_output, data)[1] / 1e3),
                      median_us(args.repeats, lambda: timed_call(empty_kernel, data)[1] / 1e3),
-                     *timings(custom_kernel), *reads[best], best,
-                     batch * kv_len * FP8_BYTES_PER_TOKEN / HBM_BYTES_PER_S * 1e6))
+                     *timings(custom_kernel), *fastest_read(tokens * FP8_BYTES_PER_TOKEN),
+                     fastest_read(tokens * MXFP4_BYTES_PER_TOKEN)[0],
+                     tokens * FP8_BYTES_PER_TOKEN / HBM_BYTES_PER_S * 1e6))
         del data, fp8_cache
     print(f"{torch.cuda.get_device_name()}: medians over {args.repeats} calls (us); dirty = eval.py's write flush, "
           f"clean = a read flush of the same size; read = stream_read_sm90.cu at the fastest of "
           f"{'/'.join(map(str, CTAS_PER_SM))} CTAs per SM under the dirty flush")
     print(f"{'shape':>10} {'zero_output':>12} {'empty kernel':>13} {'ours dirty':>11} {'ours clean':>11} "
-          f"{'read dirty':>11} {'read clean':>11} {'CTAs/SM':>8} {'fp8 floor':>10}")
-    for name, zero, empty, ours, ours_clean, read, read_clean, ctas, floor in rows:
+          f"{'read dirty':>11} {'read clean':>11} {'CTAs/SM':>8} {'read mxfp4 bytes':>17} {'fp8 floor':>10}")
+    for name, zero, empty, ours, ours_clean, read, read_clean, ctas, read_mxfp4, floor in rows:
         print(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} {read_clean:11.2f} "
-              f"{ctas:8d} {floor:10.2f}")
+              f"{ctas:8d} {read_mxfp4:17.2f} {floor:10.2f}")
+    geomean = [math.exp(sum(math.log(row[i]) for row in rows) / len(rows)) for i in (3, 5, 8)]
+    print(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, read mxfp4 bytes dirty {geomean[2]:.2f}")
 
 
 if __name__ == "__main__":

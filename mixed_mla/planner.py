@@ -44,16 +44,24 @@ VARIANT_FORMATS = {("cuda_sm90", "tile64"): ("fp8",)}
 AITER_PAGE_SIZES = (1, 2, 8)
 
 # Split heuristic, for shapes without a table entry. The grid is rows x splits workgroups (rows = batch x q_len x
-# head groups), of which a compute unit holds _RESIDENT_PER_UNIT at once. Fitted on the H200 (NOTES_sm90.md,
-# "The heuristic"), where one workgroup more than the slots starts a second wave that costs 25-35%:
-# - long rows (at least one workgroup per unit with >= _MIN_TOKENS_PER_LONG_SPLIT tokens each): fill the slots
-#   once, never more, the splits no shorter than that;
+# head groups) of equal work, of which a compute unit holds _RESIDENT_PER_UNIT at once, so a call lasts about as
+# many "waves" as the slots are filled, and a last wave that leaves slots idle, or units holding one workgroup
+# beside units holding two, is time lost. Fitted on the H200 (NOTES_sm90.md, "The split heuristic"):
+# - long rows (at least one workgroup per unit with >= _MIN_TOKENS_PER_LONG_SPLIT tokens each): unsplit when that
+#   keeps >= _MIN_SLOT_USE_UNSPLIT of the slots busy (splitting costs each split's start and the merge: 200 rows
+#   unsplit measured 13% faster than 5 splits); else the fewest splits, no shorter than that, whose waves keep
+#   >= _MIN_SLOT_USE busy (a 17th split of 16 rows, one wave and 8 workgroups, measured 29% slower than 16; 160 rows
+#   unsplit, 28 units with two, 13% slower than 3 splits); when no split count gets there, the closest;
 # - short rows (fewer): one workgroup per unit, where a lone one runs its tiles fastest, with splits down to
 #   _MIN_TOKENS_PER_SPLIT tokens (two 32-token tiles), the smallest worth a merge.
 _COMPUTE_UNITS = {"sm90": 132, "gfx950": 256, "gfx942": 304}
 _RESIDENT_PER_UNIT = 2
+_MIN_SLOT_USE = 0.9
+_MIN_SLOT_USE_UNSPLIT = 0.75
 _MIN_TOKENS_PER_LONG_SPLIT = 256
-_MIN_TOKENS_PER_SPLIT = 64   # also the shortest split candidates() offers
+_MIN_TOKENS_PER_SPLIT = 64
+# candidates() goes lower, to one 32-token tile per split: the merge's cost decides, so the autotuner measures it.
+_MIN_TOKENS_PER_CANDIDATE_SPLIT = 32
 # fp8 on cuda_sm90 without a table entry: 64-token tiles where a split's share of a row is long (2048-8192 tokens
 # per split measured 1-5% faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM
 # measured 8% slower with 64; ties in between). NOTES_sm90.md v42.
@@ -87,12 +95,19 @@ def heuristic_splits(arch: str, batch: int, q_len: int, kv_len: int, num_heads: 
     if units is None:
         return 1
     rows = batch * q_len * math.ceil(num_heads / HEAD_GROUP)
-    long_splits = kv_len // _MIN_TOKENS_PER_LONG_SPLIT
-    if rows * long_splits >= units:
-        splits = min(long_splits, _RESIDENT_PER_UNIT * units // rows)
-    else:
-        splits = min(kv_len // _MIN_TOKENS_PER_SPLIT, units // rows)
-    return max(1, min(splits, MAX_SPLITS))
+    long_splits = min(kv_len // _MIN_TOKENS_PER_LONG_SPLIT, MAX_SPLITS)
+    if rows * long_splits < units:
+        return max(1, min(kv_len // _MIN_TOKENS_PER_SPLIT, units // rows, MAX_SPLITS))
+    use = {splits: slot_use(rows * splits, _RESIDENT_PER_UNIT * units) for splits in range(1, long_splits + 1)}
+    if use[1] >= _MIN_SLOT_USE_UNSPLIT:
+        return 1
+    enough = [splits for splits, fraction in use.items() if fraction >= _MIN_SLOT_USE]
+    return enough[0] if enough else max(use, key=use.get)
+
+
+def slot_use(workgroups: int, slots: int) -> float:
+    """The busy fraction of `slots` resident places over the waves that `workgroups` equal workgroups take."""
+    return workgroups / (slots * math.ceil(workgroups / slots))
 
 
 def _default_backend(arch: str, kv_format) -> str:
@@ -174,9 +189,9 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
     Formats x the arch's backends that implement them x variants (x page sizes for aiter) x power-of-two splits
-    from 1 to 64 that leave at least 64 tokens per split. Without a compiled backend: the torch plan per format.
+    from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled backend: the torch plan per format.
     """
-    max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_SPLIT))
+    max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
     plans = []
     for kv_format in KV_FORMATS:

@@ -121,3 +121,43 @@ def test_outputs_are_not_reused_between_calls():
     assert out1.data_ptr() != out2.data_ptr()
     assert exact.strict_error(out1, q1, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
     assert exact.strict_error(out2, q2, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
+
+
+def _copy_cache(dst, src):
+    for d, s in zip(dst if isinstance(dst, tuple) else (dst,), src if isinstance(src, tuple) else (src,)):
+        d.copy_(s)
+
+
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+@pytest.mark.parametrize("splits", [1, 8])   # 8: the merge, launched with programmatic dependent launch
+def test_a_captured_cuda_graph_replays_new_data_and_lengths(kv_format, variant, splits):
+    """DecodePlan.run is capturable (no sync, no allocation after the first call): a replay after new Q, cache and
+    lengths are copied into the captured buffers matches exact attention on the new data."""
+    from dataclasses import replace
+
+    from mixed_mla import api
+    q, kv, qo, kvi = _case([1, 2, 1], [300, 900, 41], 16, seed=21)
+    cache = _cache(kv, kv_format)
+    planned = api.plan(qo, kvi, num_heads=16, kv_format=kv_format, max_q_len=2, max_kv_len=900, backend="cuda_sm90")
+    planned = replace(planned, plan=Plan("cuda_sm90", kv_format, splits, variant))
+    out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # warm-up off the default stream, as capture requires
+        planned.run(q, cache, qo, kvi, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        planned.run(q, cache, qo, kvi, out=out)
+    first_output = out.clone()   # the answer for the first data: the negative case below
+    q2, kv2, qo2, kvi2 = _case([2, 1, 1], [1000, 0, 241], 16, seed=22)   # same row counts, other lengths
+    q.copy_(q2)
+    qo.copy_(qo2)
+    kvi.copy_(kvi2)
+    _copy_cache(cache, _cache(kv2, kv_format))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} after replay, splits {splits}, {kv_format} {variant!r}"
+    assert exact.strict_error(first_output, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) > 0.3
