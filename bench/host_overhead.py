@@ -14,6 +14,7 @@ host (perf_counter, median of --calls per layer):
     python3 bench/host_overhead.py [--calls 300]     (builds bench/stream_read_sm90.cu's library with nvcc first)
 """
 import argparse
+import importlib
 import statistics
 import sys
 import tempfile
@@ -49,7 +50,6 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
-    import importlib
     import submission
     from submission import custom_kernel
     entry = importlib.import_module(submission._PACKAGE + ".entry")   # the bundled package, for its cached plans
