@@ -206,11 +206,16 @@ def progress_bar(total: int):
 
 # ---- the table ----
 
+def passing_records(records: list, shape: Shape) -> list:
+    """The measurements of `shape` whose plan passed the strict check."""
+    return [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+
+
 def best_entries(records: list, shapes: list, source: str) -> list:
     """Per shape: the fastest passing plan per cache format, and the fastest of all as the "auto" entry."""
     entries = []
     for shape in shapes:
-        passing = [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+        passing = passing_records(records, shape)
         fastest = {}
         for record in passing:
             fmt = record["plan"]["kv_format"]
@@ -231,7 +236,7 @@ def heuristic_report(records: list, shapes: list, arch: str) -> list:
     measured: how much a shape the table lacks loses."""
     lines = []
     for shape in shapes:
-        passing = [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+        passing = passing_records(records, shape)
         if not passing:
             continue
         guess = plan_fields(planner.heuristic_plan(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))
