@@ -89,6 +89,23 @@ def test_large_and_small_queries_stay_accurate(kv_format, variant, q_scale):
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
 
 
+@pytest.mark.parametrize("splits", [1, 4])
+def test_mxfp4_blocks_outside_the_byte_lookup_take_the_float_path(splits):
+    """Block exponents 0 and 1 (values below 2^-124) are expanded by float arithmetic, not by the byte lookup
+    (kv_tiles.cuh Fp4Lookup covers 2..252): a cache with such blocks among normal ones stays within the bound."""
+    q, kv, qo, kvi = _case([1, 2], [300, 2000], 16, seed=13)
+    packed, scales = formats.quantize_mxfp4(kv)
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    raw = formats.as_uint8(scales)
+    tiny = torch.rand(kv.shape[0], 18, device="cuda", generator=gen) < 0.2
+    raw[:kv.shape[0], :18] = torch.where(tiny, (torch.rand_like(tiny, dtype=torch.float32) < 0.5).to(torch.uint8),
+                                         raw[:kv.shape[0], :18])
+    assert set(raw[:kv.shape[0], :18][tiny].unique().tolist()) == {0, 1}
+    cache = (packed, scales)
+    out = _run(q, cache, "mxfp4", qo, kvi, splits, 2)
+    assert exact.strict_error(out, q, cache, "mxfp4", qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
+
+
 def test_a_short_max_q_len_hint_is_still_correct():
     q, kv, qo, kvi = _case([4, 3], [50, 700], 32, seed=9)
     out = _run(q, kv, "bf16", qo, kvi, 2, 1)

@@ -1,7 +1,9 @@
-"""The sm_90a kernels compile for Hopper without local memory and reach 2 CTAs per SM (tools/sm90_report.py).
+"""The sm_90a kernels compile for Hopper without local memory and reach 2 CTAs per SM (tools/sm90_report.py), and
+the MXFP4 byte lookup they expand tiles with gives the dequantised values bit for bit (run on the host).
 
 Runs in CI on the CPU machine (nvcc only, no GPU); skipped where nvcc is absent. The negative cases feed the
-parser ptxas lines with a spill and with too many registers, so the check is shown able to fail.
+parser ptxas lines with a spill and with too many registers, and the lookup check a changed bit, so each check is
+shown able to fail.
 """
 import shutil
 import subprocess
@@ -9,6 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from mixed_mla import formats
+from mixed_mla.constants import MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -58,3 +64,33 @@ def test_bench_probe_compiles(tmp_path, source, flags):
     result = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-O3", *flags, "-o",
                              str(tmp_path / "probe"), str(ROOT / "bench" / source)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def _lookup_mismatches(lines):
+    """How many bf16 values of the lookup's lines differ from formats.dequantize_mxfp4 of the same word and exponent."""
+    rows = [[int(v, 16) if i else int(v) for i, v in enumerate(line.split())] for line in lines]
+    exponents, words = [r[0] for r in rows], [r[1] for r in rows]
+    got = torch.tensor([[(pair >> (16 * h)) & 0xFFFF for pair in r[2:] for h in (0, 1)] for r in rows])
+    packed = torch.zeros(len(rows), MXFP4_PACKED_ROW_BYTES, dtype=torch.uint8)
+    packed[:, :4] = torch.tensor([[(w >> (8 * b)) & 0xFF for b in range(4)] for w in words], dtype=torch.uint8)
+    scales = torch.zeros(len(rows), 24, dtype=torch.uint8)
+    scales[:, :MXFP4_BLOCKS_PER_ROW] = torch.tensor(exponents, dtype=torch.uint8).unsqueeze(1)
+    values = formats.dequantize_mxfp4(packed.reshape(-1, 1, MXFP4_PACKED_ROW_BYTES), scales)[:, 0, :8]
+    want = values.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    return int((got != want).sum())
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_mxfp4_lookup_matches_the_dequantised_values(tmp_path):
+    binary = tmp_path / "fp4_lookup"
+    build = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I",
+                            str(ROOT / "mixed_mla" / "kernels" / "sm90" / "decode"), "-o", str(binary),
+                            str(ROOT / "tests" / "sm90_fp4_lookup_host.cu")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert {int(line.split()[0]) for line in lines} == set(range(2, 253))  # the exponents the lookup covers
+    assert _lookup_mismatches(lines) == 0
+    # negative case: one changed bit of one output is found
+    e, word, first, *rest = lines[100].split()
+    lines[100] = " ".join([e, word, f"{int(first, 16) ^ 0x40:08x}", *rest])
+    assert _lookup_mismatches(lines) == 1

@@ -261,6 +261,43 @@ __device__ __forceinline__ uint32_t fp4x2_to_bf16x2(uint32_t byte, float block_s
   return pack_bf16x2(lo * 0x1p126f * block_scale, hi * 0x1p126f * block_scale);
 }
 
+// The same for the e8m0 bytes most blocks have, by byte lookups instead of float arithmetic (~2 instead of ~5.5
+// instructions per value). For a block exponent e in [2, 252] every code * 2^(e-127) is a normal bf16 whose 15-bit
+// magnitude is 0 (code 0), (e-1) << 7 (0.5) or (e-1) << 7 plus (i << 6) for magnitude index i = 2..7 (1 ... 6).
+// The 8 magnitudes' low and high bytes form two 8-byte tables (two registers each), so one prmt looks up a byte of
+// 4 values at once, their sign-cleared nibbles being its selector.
+struct Fp4Lookup {
+  uint32_t low[2], high[2];  // bytes i = 0..3 and 4..7 of the magnitudes
+
+  __host__ __device__ __forceinline__ static bool covers(uint32_t e) { return e - 2u <= 250u; }
+
+  __host__ __device__ __forceinline__ explicit Fp4Lookup(uint32_t e) {
+    const uint32_t both = ((e - 1u) << 7) * 0x10001u;  // (e-1) << 7 in both halves
+    const uint32_t m01 = (both & 0xffff0000u);           // 0 | 0.5
+    const uint32_t m23 = both + ((3u << 22) | (2u << 6)); // 1 | 1.5
+    const uint32_t m45 = both + ((5u << 22) | (4u << 6)); // 2 | 3
+    const uint32_t m67 = both + ((7u << 22) | (6u << 6)); // 4 | 6
+    low[0] = prmt(m01, m23, 0x6420); low[1] = prmt(m45, m67, 0x6420);
+    high[0] = prmt(m01, m23, 0x7531); high[1] = prmt(m45, m67, 0x7531);
+  }
+
+  // 8 codes (a 32-bit word, element 2k in the low nibble of byte k) as 4 bf16 pairs, element order kept.
+  __host__ __device__ __forceinline__ void expand(uint32_t w, uint32_t out[4]) const {
+    const uint32_t index = w & 0x77777777u, shifted = w << 4;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint32_t sel = half ? index >> 16 : index;
+      const uint32_t lo = prmt(low[0], low[1], sel), hi = prmt(high[0], high[1], sel);
+      // Each code's sign bit is the top bit of a byte of w (odd codes) or of w << 4 (even ones); prmt's
+      // sign-replicating selectors (8 + byte) spread it over the byte, which keeps only its top bit below.
+      const uint32_t sign = prmt(w, shifted, half ? 0xBFAEu : 0x9D8Cu);
+      const uint32_t signed_hi = (sign & 0x80808080u) | hi;
+      out[2 * half] = prmt(lo, signed_hi, 0x5140);
+      out[2 * half + 1] = prmt(lo, signed_hi, 0x7362);
+    }
+  }
+};
+
 // MXFP4: the stage holds the packed rows (288 B) and their 24 scale bytes; `prepare` expands it once into a bf16
 // tile that the bf16 fragment loaders read, so K and V share one dequantisation per value.
 template <int kVariant>
@@ -295,17 +332,27 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
       const int row = c / kFp4Blocks, blk = c % kFp4Blocks;
       const uint4 packed = lds<uint4>(stage + row * kFp4RowBytes + blk * 16);
       const uint32_t e = stage[kPackedBytes + row * kFp4ScaleCols + blk];
-      const float scale = __uint_as_float(e << 23);  // 2^(e-127); e = 0 (all-zero blocks) reads as 0
       const uint32_t w[4] = {packed.x, packed.y, packed.z, packed.w};
       uint8_t* dst = expanded + row * kBf16SmemRowStride + blk * 64;
+      if (Fp4Lookup::covers(e)) {
+        const Fp4Lookup lookup(e);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        uint4 v;
-        v.x = fp4x2_to_bf16x2(w[k], scale);
-        v.y = fp4x2_to_bf16x2(w[k] >> 8, scale);
-        v.z = fp4x2_to_bf16x2(w[k] >> 16, scale);
-        v.w = fp4x2_to_bf16x2(w[k] >> 24, scale);
-        *reinterpret_cast<uint4*>(dst + 16 * k) = v;
+        for (int k = 0; k < 4; ++k) {
+          uint4 v;
+          lookup.expand(w[k], reinterpret_cast<uint32_t*>(&v));
+          *reinterpret_cast<uint4*>(dst + 16 * k) = v;
+        }
+      } else {
+        const float scale = __uint_as_float(e << 23);  // 2^(e-127); e = 0 (all-zero blocks) reads as 0
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          uint4 v;
+          v.x = fp4x2_to_bf16x2(w[k], scale);
+          v.y = fp4x2_to_bf16x2(w[k] >> 8, scale);
+          v.z = fp4x2_to_bf16x2(w[k] >> 16, scale);
+          v.w = fp4x2_to_bf16x2(w[k] >> 24, scale);
+          *reinterpret_cast<uint4*>(dst + 16 * k) = v;
+        }
       }
     }
     __syncthreads();

@@ -112,10 +112,24 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // Byte permute: result byte i = byte sel_i of {b:a} (a = bytes 0-3, b = bytes 4-7).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+// Byte k of the result is byte (sel >> 4k) & 7 of {b, a}, or that byte's top bit spread over 8 bits when bit 3 of
+// the selector nibble is set. The host twin serves the CPU check of the MXFP4 lookup (tests/test_sm90_static.py).
+__host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
   uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
+#else
+  const uint64_t bytes = ((uint64_t)b << 32) | a;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t nibble = (sel >> (4 * k)) & 0xFu;
+    uint32_t byte = (uint32_t)(bytes >> (8 * (nibble & 7u))) & 0xFFu;
+    if (nibble & 8u) byte = (byte & 0x80u) ? 0xFFu : 0u;
+    r |= byte << (8 * k);
+  }
+  return r;
+#endif
 }
 
 __device__ __forceinline__ float bf16_lo_to_f32(uint32_t pair) { return __uint_as_float(pair << 16); }
