@@ -329,7 +329,10 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
   __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t* expanded) {
     constexpr int kBlocks = kTileTokens * kFp4Blocks;  // one 32-value block = 16 packed bytes per task
     for (int c = threadIdx.x; c < kBlocks; c += kThreads) {
-      const int row = c / kFp4Blocks, blk = c % kFp4Blocks;
+      // Consecutive lanes take consecutive rows of one block: their 64-byte outputs then lie a row stride apart
+      // (16 mod 128 bytes), so every 16-byte store of a quarter-warp hits its own banks; lanes taking consecutive
+      // blocks of a row (64 bytes apart) conflicted 4 ways.
+      const int row = c % kTileTokens, blk = c / kTileTokens;
       const uint4 packed = lds<uint4>(stage + row * kFp4RowBytes + blk * 16);
       const uint32_t e = stage[kPackedBytes + row * kFp4ScaleCols + blk];
       const uint32_t w[4] = {packed.x, packed.y, packed.z, packed.w};
