@@ -326,38 +326,61 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
     }
   }
 
-  __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t* expanded) {
-    constexpr int kBlocks = kTileTokens * kFp4Blocks;  // one 32-value block = 16 packed bytes per task
-    for (int c = threadIdx.x; c < kBlocks; c += kThreads) {
-      // Consecutive lanes take consecutive rows of one block: their 64-byte outputs then lie a row stride apart
-      // (16 mod 128 bytes), so every 16-byte store of a quarter-warp hits its own banks; lanes taking consecutive
-      // blocks of a row (64 bytes apart) conflicted 4 ways.
-      const int row = c % kTileTokens, blk = c / kTileTokens;
-      const uint4 packed = lds<uint4>(stage + row * kFp4RowBytes + blk * 16);
-      const uint32_t e = stage[kPackedBytes + row * kFp4ScaleCols + blk];
-      const uint32_t w[4] = {packed.x, packed.y, packed.z, packed.w};
-      uint8_t* dst = expanded + row * kBf16SmemRowStride + blk * 64;
-      if (Fp4Lookup::covers(e)) {
-        const Fp4Lookup lookup(e);
+  // Words [first, first + kWords) of block `blk` of tile row `row` (8 values each) into the bf16 tile.
+  template <int kWords>
+  __device__ __forceinline__ static void expand_words(const uint8_t* stage, uint8_t* expanded, int row, int blk,
+                                                      int first) {
+    const uint8_t* src = stage + row * kFp4RowBytes + blk * 16 + 4 * first;
+    uint32_t w[kWords];
+    if constexpr (kWords == 4) {
+      const uint4 packed = lds<uint4>(src);
+      w[0] = packed.x; w[1] = packed.y; w[2] = packed.z; w[3] = packed.w;
+    } else {
+      static_assert(kWords == 2, "whole or half blocks");
+      const uint2 packed = lds<uint2>(src);
+      w[0] = packed.x; w[1] = packed.y;
+    }
+    const uint32_t e = stage[kPackedBytes + row * kFp4ScaleCols + blk];
+    uint8_t* dst = expanded + row * kBf16SmemRowStride + blk * 64 + 16 * first;
+    if (Fp4Lookup::covers(e)) {
+      const Fp4Lookup lookup(e);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint4 v;
-          lookup.expand(w[k], reinterpret_cast<uint32_t*>(&v));
-          *reinterpret_cast<uint4*>(dst + 16 * k) = v;
-        }
-      } else {
-        const float scale = __uint_as_float(e << 23);  // 2^(e-127); e = 0 (all-zero blocks) reads as 0
+      for (int k = 0; k < kWords; ++k) {
+        uint4 v;
+        lookup.expand(w[k], reinterpret_cast<uint32_t*>(&v));
+        *reinterpret_cast<uint4*>(dst + 16 * k) = v;
+      }
+    } else {
+      const float scale = __uint_as_float(e << 23);  // 2^(e-127); e = 0 (all-zero blocks) reads as 0
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint4 v;
-          v.x = fp4x2_to_bf16x2(w[k], scale);
-          v.y = fp4x2_to_bf16x2(w[k] >> 8, scale);
-          v.z = fp4x2_to_bf16x2(w[k] >> 16, scale);
-          v.w = fp4x2_to_bf16x2(w[k] >> 24, scale);
-          *reinterpret_cast<uint4*>(dst + 16 * k) = v;
-        }
+      for (int k = 0; k < kWords; ++k) {
+        uint4 v;
+        v.x = fp4x2_to_bf16x2(w[k], scale);
+        v.y = fp4x2_to_bf16x2(w[k] >> 8, scale);
+        v.z = fp4x2_to_bf16x2(w[k] >> 16, scale);
+        v.w = fp4x2_to_bf16x2(w[k] >> 24, scale);
+        *reinterpret_cast<uint4*>(dst + 16 * k) = v;
       }
     }
+  }
+
+  // Task c of a slab of two blocks x all rows: block 2 * slab + (c & 1), row (c % slab size) / 2. A quarter-warp
+  // then covers 4 rows x 2 blocks, whose 16-byte stores (rows 16 mod 128 bytes apart, blocks 64) and 16-byte code
+  // loads (rows 32 mod 128, blocks 16) all hit different banks (NOTES_sm90.md v45, v46).
+  static constexpr int kSlab = 2 * kTileTokens;
+  __device__ __forceinline__ static int task_row(int c) { return (c % kSlab) >> 1; }
+  __device__ __forceinline__ static int task_block(int c) { return 2 * (c / kSlab) + (c & 1); }
+
+  __device__ __forceinline__ static const uint8_t* prepare(const uint8_t* stage, uint8_t* expanded) {
+    constexpr int kBlocks = kTileTokens * kFp4Blocks;    // one 32-value block = 16 packed bytes per task
+    constexpr int kWhole = kBlocks / kThreads * kThreads;  // whole blocks, the same count for every thread
+    static_assert(kFp4Blocks % 2 == 0 && kWhole % kSlab == 0 && 2 * (kBlocks - kWhole) == kThreads,
+                  "whole slabs, then one half block per thread");
+    for (int c = threadIdx.x; c < kWhole; c += kThreads)
+      expand_words<4>(stage, expanded, task_row(c), task_block(c), 0);
+    // The last slab in halves, so that no warp waits at the barrier below for others to finish a fifth block.
+    const int c = kWhole + threadIdx.x % (kBlocks - kWhole), half = threadIdx.x / (kBlocks - kWhole);
+    expand_words<2>(stage, expanded, task_row(c), task_block(c), 2 * half);
     __syncthreads();
     return expanded;
   }
