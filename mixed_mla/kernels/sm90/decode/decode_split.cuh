@@ -154,14 +154,20 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     // Below that, p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier
     // that publishes P also tells every warp whether any thread saw such a score, so the common path has no
     // shuffle or shared-memory maximum on its way from the scores to P (NOTES_sm90.md v20).
-    bool over = false;
     float pr[kOwnNTiles][4];
+    // P of this warp's n-tiles against the current m, into the P tile; returns whether a score passes m by more
+    // than the slack (read on the first call only: after a rebase none does).
+    auto publish_p = [&]() {
+      bool over = false;
 #pragma unroll
-    for (int j = 0; j < kOwnNTiles; ++j) {
-      over = over || fmaxf(x[j][0], x[j][1]) > m[0] + kRebaseSlack || fmaxf(x[j][2], x[j][3]) > m[1] + kRebaseSlack;
-      exponentials(x[j], m, pr[j]);
-      store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
-    }
+      for (int j = 0; j < kOwnNTiles; ++j) {
+        over = over || fmaxf(x[j][0], x[j][1]) > m[0] + kRebaseSlack || fmaxf(x[j][2], x[j][3]) > m[1] + kRebaseSlack;
+        exponentials(x[j], m, pr[j]);
+        store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
+      }
+      return over;
+    };
+    const bool over = publish_p();
     if (__syncthreads_or(over)) {  // m = -inf: any score rebases
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -188,11 +194,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         o[v][0] *= alpha[0]; o[v][1] *= alpha[0];
         o[v][2] *= alpha[1]; o[v][3] *= alpha[1];
       }
-#pragma unroll
-      for (int j = 0; j < kOwnNTiles; ++j) {
-        exponentials(x[j], m, pr[j]);
-        store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
-      }
+      publish_p();
       __syncthreads();  // the rebased P of the whole tile visible
     }
     // l holds this thread's share of the row sums (its 2 tokens of each of its n-tiles); every warp rescales by the
