@@ -34,8 +34,9 @@ BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": (
 # The format a backend reads fastest, used when the caller lets the planner choose (kv_format=None). Every one of
 # them stays far inside the leaderboard tolerance: mxfp4 costs 6-12% relative L2 against the bf16 truth on outputs
 # of magnitude ~0.02, while the check allows atol = 0.1. The torch backend is fastest on bf16 (no dequantisation).
-# cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.3-2x slower than fp8
-# on all 8 benchmark shapes (bench/results/sm90/kernel_bench_2026-12-02.json).
+# cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.15-2x slower than fp8
+# on the 6 larger benchmark shapes, within ~1 us of it on 4x1024 and 32x1024 (v46, 2026-12-03:
+# bench/results/h200-2026-12-03-v46-sweep/), where the table, not this default, picks the format.
 FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
 # The first is the heuristic's default (cuda_sm90 fp8 picks by tokens per split: heuristic_plan).
 BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"), "cuda_sm90": ("", "tile64")}
@@ -189,7 +190,8 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
     Formats x the arch's backends that implement them x variants (x page sizes for aiter) x power-of-two splits
-    from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled backend: the torch plan per format.
+    from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled backend: the torch plan per
+    format.
     """
     max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
