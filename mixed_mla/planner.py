@@ -67,6 +67,8 @@ _MIN_TOKENS_PER_CANDIDATE_SPLIT = 32
 # per split measured 1-5% faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM
 # measured 8% slower with 64; ties in between). NOTES_sm90.md v42.
 _TILE64_MIN_TOKENS_PER_SPLIT = 1024
+# Tokens per tile of the cuda_sm90 kernels by variant (config.h): a split's share of a row is whole tiles.
+_SM90_TILE_TOKENS = {"": 32, "tile64": 64}
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,18 @@ def heuristic_plan(arch: str, batch: int, q_len: int, kv_len: int, num_heads: in
     splits = 1 if backend == "torch" else heuristic_splits(arch, batch, q_len, kv_len, num_heads)
     if backend == "cuda_sm90" and kv_format == "fp8" and kv_len // splits >= _TILE64_MIN_TOKENS_PER_SPLIT:
         variant = "tile64"
+    if backend == "cuda_sm90":
+        splits = fewest_splits_for_share(kv_len, splits, _SM90_TILE_TOKENS[variant])
     return Plan(backend=backend, kv_format=kv_format, num_splits=splits, variant=variant)
+
+
+def fewest_splits_for_share(kv_len: int, splits: int, tile_tokens: int) -> int:
+    """The fewest splits that give a row of kv_len tokens the same share per split as `splits` do, when the kernel
+    rounds a split's share up to whole tiles: the splits past that get no tokens yet cost a workgroup and a merge
+    slot each (4 rows x 8192 tokens: 33 splits are 32 of 256 tokens and an empty one, and the merge then takes its
+    64-split pass, measured 6% slower than 32 splits)."""
+    share = -(-(-(-kv_len // splits)) // tile_tokens) * tile_tokens
+    return max(1, -(-kv_len // share))
 
 
 def _env_overrides():

@@ -74,6 +74,25 @@ def test_heuristic_splits(arch, batch, q_len, kv_len, heads, splits):
     assert heuristic_splits(arch, batch, q_len, kv_len, heads) == splits
 
 
+def test_the_sm90_plan_drops_splits_that_would_be_empty():
+    # 132 // 4 = 33 splits of 8192 tokens round to 256 each: 32 carry them all
+    assert heuristic_splits("sm90", 4, 1, 8192, 16) == 33
+    assert planner.heuristic_plan("sm90", 4, 1, 8192, 16).num_splits == 32
+    # 3 rows: 44 splits round to 192 tokens, of which 43 carry the row (the last one 128 tokens)
+    assert planner.heuristic_plan("sm90", 3, 1, 8192, 16).num_splits == 43
+    assert planner.heuristic_plan("sm90", 32, 1, 8192, 16).num_splits == 8   # nothing to drop
+
+
+@given(kv_len=st.integers(1, 200000), splits=st.integers(1, 64), tile=st.sampled_from([32, 64]))
+def test_fewest_splits_for_share_keeps_the_share_and_drops_only_empty_splits(kv_len, splits, tile):
+    def share(s):
+        return -(-(-(-kv_len // s)) // tile) * tile
+    fewest = planner.fewest_splits_for_share(kv_len, splits, tile)
+    assert 1 <= fewest <= splits and share(fewest) == share(splits)
+    assert (fewest - 1) * share(fewest) < kv_len            # every split kept has tokens
+    assert fewest == 1 or share(fewest - 1) > share(splits)  # and one fewer would lengthen them
+
+
 @given(arch=st.sampled_from(["sm90", "gfx950", "gfx942", "cpu"]), batch=st.integers(1, 1024),
        q_len=st.integers(1, 4), kv_len=st.integers(1, 200000), heads=st.sampled_from(SUPPORTED_NUM_HEADS))
 def test_heuristic_split_invariants(arch, batch, q_len, kv_len, heads):
@@ -219,4 +238,5 @@ def test_the_heuristic_takes_64_token_fp8_tiles_for_long_splits_only():
 def test_candidates_without_a_compiled_backend_are_the_torch_plans(monkeypatch):
     monkeypatch.setenv("MLA_BACKEND", "aiter")  # ignored by candidates
     assert candidates("cpu", 4, 1, 1024, 16) == [Plan("torch", f, 1) for f in KV_FORMATS]
-    assert {p.num_splits for p in candidates("sm90", 2, 1, 100000, 16)} == {2 ** i for i in range(7)}
+    # the powers of two, and the heuristic's 63 (64 splits of 1600 tokens leave the last one empty)
+    assert {p.num_splits for p in candidates("sm90", 2, 1, 100000, 16)} == {2 ** i for i in range(7)} | {63}
