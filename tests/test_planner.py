@@ -83,14 +83,20 @@ def test_the_sm90_plan_drops_splits_that_would_be_empty():
     assert planner.heuristic_plan("sm90", 32, 1, 8192, 16).num_splits == 8   # nothing to drop
 
 
-@given(kv_len=st.integers(1, 200000), splits=st.integers(1, 64), tile=st.sampled_from([32, 64]))
+@given(kv_len=st.integers(0, 200000), splits=st.integers(1, 64), tile=st.sampled_from([32, 64]))
 def test_fewest_splits_for_share_keeps_the_share_and_drops_only_empty_splits(kv_len, splits, tile):
     def share(s):
         return -(-(-(-kv_len // s)) // tile) * tile
     fewest = planner.fewest_splits_for_share(kv_len, splits, tile)
     assert 1 <= fewest <= splits and share(fewest) == share(splits)
-    assert (fewest - 1) * share(fewest) < kv_len            # every split kept has tokens
-    assert fewest == 1 or share(fewest - 1) > share(splits)  # and one fewer would lengthen them
+    assert fewest == 1 or (fewest - 1) * share(fewest) < kv_len  # every split kept has tokens
+    assert fewest == 1 or share(fewest - 1) > share(splits)      # and one fewer would lengthen them
+
+
+def test_an_empty_cache_plans_one_split():
+    # the GPU property test found it: kv_len 0 divided by a zero share
+    assert planner.fewest_splits_for_share(0, 5, 32) == 1
+    assert planner.heuristic_plan("sm90", 3, 1, 0, 16).num_splits == 1
 
 
 @given(arch=st.sampled_from(["sm90", "gfx950", "gfx942", "cpu"]), batch=st.integers(1, 1024),
