@@ -48,8 +48,9 @@ def main():
                     sys.exit(f"{shape} {plan}: {record['status']}")
                 times[plan.num_splits].append(record["us"])
         before, after = (statistics.median(times[p.num_splits]) for p in (raw, new))
-        print(f"{batch}x{kv_len} q{q_len} {new.kv_format} {new.variant or 'tile32'} | {raw.num_splits:2d}: {before:7.2f} "
-              f"| {new.num_splits:2d}: {after:7.2f} | {100 * (after / before - 1):+5.1f}%")
+        print(f"{batch}x{kv_len} q{q_len} {new.kv_format} {new.variant or 'tile32'} | "
+              f"{raw.num_splits:2d}: {before:7.2f} | {new.num_splits:2d}: {after:7.2f} | "
+              f"{100 * (after / before - 1):+5.1f}%")
         del inputs, q, caches, reference
         torch.cuda.empty_cache()
 
