@@ -143,7 +143,8 @@ def fewest_splits_for_share(kv_len: int, splits: int, tile_tokens: int) -> int:
     rounds a split's share up to whole tiles: the splits past that get no tokens yet cost a workgroup and a merge
     slot each (4 rows x 8192 tokens: 33 splits are 32 of 256 tokens and an empty one, and the merge then takes its
     64-split pass: 5% slower than 32 splits on the H200, bench/results/planner/h200-2026-12-03-split-rounding/)."""
-    share = max(tile_tokens, -(-(-(-kv_len // splits)) // tile_tokens) * tile_tokens)  # an empty row: one tile
+    per_split = -(-kv_len // splits)                                       # ceil, as the kernel divides
+    share = max(tile_tokens, -(-per_split // tile_tokens) * tile_tokens)   # whole tiles; an empty row: one
     return max(1, -(-kv_len // share))
 
 
