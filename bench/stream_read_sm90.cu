@@ -2,7 +2,8 @@
 // costs" (bench/protocol_floor.py), so a decode's time can be set against the read alone under eval.py's flush.
 // Every thread keeps kLoadsInFlight 16-byte streaming loads outstanding over a grid-stride walk and folds them into
 // one word, stored only if it matches a value no input has (the load cannot be optimised away, nothing is written).
-// An empty kernel is here too: the launch alone under the same timing.
+// A chunked read has our decode's grid (one contiguous piece per CTA), and an empty kernel the launch alone, both
+// under the same timing.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -shared -Xcompiler -fPIC -o stream_read_sm90.so stream_read_sm90.cu
 #include <cuda_runtime.h>
@@ -36,6 +37,30 @@ __global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __re
   if (folded == kNeverFolded) *sink = folded;
 }
 
+// The same loads in the shape of our decode's grid: the range cut into `chunks` contiguous pieces (a decode CTA reads
+// one split of one row), one CTA each, its threads walking their piece together. Beside the grid-stride read it
+// says what reading the bytes costs under that mapping, arithmetic apart.
+__global__ void __launch_bounds__(kThreads) chunked_read_kernel(const uint4* __restrict__ data, size_t vectors,
+                                                                int chunks, uint32_t* sink) {
+  const size_t per_chunk = (vectors + chunks - 1) / chunks;
+  const size_t begin = (size_t)blockIdx.x * per_chunk;
+  const size_t end = begin + per_chunk < vectors ? begin + per_chunk : vectors;
+  size_t i = begin + threadIdx.x;
+  uint32_t folded = 0;
+  for (; i + (kLoadsInFlight - 1) * kThreads < end; i += kLoadsInFlight * kThreads) {
+    uint4 v[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) v[k] = __ldcs(data + i + k * kThreads);
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  for (; i < end; i += kThreads) {
+    const uint4 v = __ldcs(data + i);
+    folded ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (folded == kNeverFolded) *sink = folded;
+}
+
 __global__ void empty_kernel() {}
 
 }  // namespace
@@ -46,6 +71,13 @@ extern "C" int stream_read(const void* data, size_t bytes, int ctas, void* sink,
   const uint8_t* tail = static_cast<const uint8_t*>(data) + vectors * sizeof(uint4);
   stream_read_kernel<<<ctas, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const uint4*>(data), vectors, tail, bytes % sizeof(uint4), static_cast<uint32_t*>(sink));
+  return cudaGetLastError();
+}
+
+// Reads the whole 16-byte vectors of `bytes` from `data` in `chunks` contiguous pieces, one CTA each.
+extern "C" int chunked_read(const void* data, size_t bytes, int chunks, void* sink, void* stream) {
+  chunked_read_kernel<<<chunks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint4*>(data), bytes / sizeof(uint4), chunks, static_cast<uint32_t*>(sink));
   return cudaGetLastError();
 }
 
