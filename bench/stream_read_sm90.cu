@@ -15,24 +15,28 @@ constexpr int kThreads = 512;
 constexpr int kLoadsInFlight = 8;
 constexpr uint32_t kNeverFolded = 0x9e3779b9u;
 
-__global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __restrict__ data, size_t vectors,
-                                                               const uint8_t* __restrict__ tail, size_t tail_bytes,
-                                                               uint32_t* sink) {
-  const size_t stride = (size_t)gridDim.x * kThreads;
-  size_t i = (size_t)blockIdx.x * kThreads + threadIdx.x;
+// Vectors i, i + stride, ... below `end` with kLoadsInFlight streaming loads outstanding, folded into one word.
+__device__ __forceinline__ uint32_t fold_vectors(const uint4* __restrict__ data, size_t i, size_t end, size_t stride) {
   uint32_t folded = 0;
-  for (; i + (kLoadsInFlight - 1) * stride < vectors; i += kLoadsInFlight * stride) {
+  for (; i + (kLoadsInFlight - 1) * stride < end; i += kLoadsInFlight * stride) {
     uint4 v[kLoadsInFlight];
 #pragma unroll
     for (int k = 0; k < kLoadsInFlight; ++k) v[k] = __ldcs(data + i + k * stride);
 #pragma unroll
     for (int k = 0; k < kLoadsInFlight; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
-  for (; i < vectors; i += stride) {
+  for (; i < end; i += stride) {
     const uint4 v = __ldcs(data + i);
     folded ^= v.x ^ v.y ^ v.z ^ v.w;
   }
+  return folded;
+}
+
+__global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __restrict__ data, size_t vectors,
+                                                               const uint8_t* __restrict__ tail, size_t tail_bytes,
+                                                               uint32_t* sink) {
   const size_t t = (size_t)blockIdx.x * kThreads + threadIdx.x;
+  uint32_t folded = fold_vectors(data, t, vectors, (size_t)gridDim.x * kThreads);
   if (t < tail_bytes) folded ^= tail[t];
   if (folded == kNeverFolded) *sink = folded;
 }
@@ -45,19 +49,7 @@ __global__ void __launch_bounds__(kThreads) chunked_read_kernel(const uint4* __r
   const size_t per_chunk = (vectors + chunks - 1) / chunks;
   const size_t begin = (size_t)blockIdx.x * per_chunk;
   const size_t end = begin + per_chunk < vectors ? begin + per_chunk : vectors;
-  size_t i = begin + threadIdx.x;
-  uint32_t folded = 0;
-  for (; i + (kLoadsInFlight - 1) * kThreads < end; i += kLoadsInFlight * kThreads) {
-    uint4 v[kLoadsInFlight];
-#pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) v[k] = __ldcs(data + i + k * kThreads);
-#pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  for (; i < end; i += kThreads) {
-    const uint4 v = __ldcs(data + i);
-    folded ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
+  const uint32_t folded = fold_vectors(data, begin + threadIdx.x, end, kThreads);
   if (folded == kNeverFolded) *sink = folded;
 }
 
