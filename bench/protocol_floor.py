@@ -120,7 +120,7 @@ def main():
 
         tokens = batch * kv_len
 
-        def read_in_chunks(_data, chunks=batch * plan_for("sm90", batch, 1, kv_len, 16).num_splits):
+        def read_in_chunks(_data, chunks=batch * plan_for("sm90", batch, 1, kv_len, data[0].shape[1]).num_splits):
             checked(probe.chunked_read(fp8_cache.data_ptr(), tokens * FP8_BYTES_PER_TOKEN, chunks, sink.data_ptr(),
                                        torch.cuda.current_stream().cuda_stream))
 
