@@ -141,8 +141,8 @@ def main():
         print(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} {read_clean:11.2f} "
               f"{ctas:8d} {read_mxfp4:17.2f} {chunked:15.2f} {floor:10.2f}")
     geomean = [math.exp(sum(math.log(row[i]) for row in rows) / len(rows)) for i in (3, 5, 8, 9)]
-    print(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, read mxfp4 bytes dirty {geomean[2]:.2f}, "
-          f"read in chunks {geomean[3]:.2f}")
+    print(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, "
+          f"read mxfp4 bytes dirty {geomean[2]:.2f}, read in chunks {geomean[3]:.2f}")
 
 
 if __name__ == "__main__":
