@@ -99,7 +99,9 @@ def load_builds():
 def check(args):
     """Every build on layouts the timing run never makes: ragged kv lengths (partial tiles, a length of 1, an
     empty segment), q_len 1-4 with the causal rule, 16-128 heads, split counts 1-40, every cache format and fp8
-    variant; each output against exact attention with the strict bound. Exits 1 on any failure."""
+    variant; each output against exact attention with the strict bound. Exits 1 on any failure. The last four
+    layouts have totals divisible by the batch, so the kernel's guess of a uniform layout (v49) is made: right
+    (uniform, with partial tiles), wrong rows, a guessed row the segment lacks, a guessed tile of an empty one."""
     import torch
 
     from mixed_mla import formats
@@ -109,7 +111,8 @@ def check(args):
     builds = load_builds()
     gen = torch.Generator(device="cuda").manual_seed(7)
     layouts = [([1, 1, 1], [1, 33, 517]), ([1, 2, 3, 4], [4, 100, 3, 1000]), ([4, 1], [2049, 77]),
-               ([1, 2, 1], [0, 1, 40])]
+               ([1, 2, 1], [0, 1, 40]), ([2, 2], [77, 77]), ([1, 3], [100, 300]), ([2, 2], [0, 10]),
+               ([3, 1], [64, 64])]
     failures, checked = [], 0
     for q_lens, kv_lens in layouts:
         qo = torch.tensor([0] + q_lens, device="cuda").cumsum(0).to(torch.int32)

@@ -51,11 +51,46 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
   *row_g8 = kF16 ? pack_f16x2(pr[2], pr[3]) : pack_bf16x2(pr[2], pr[3]);
 }
 
-// One query row x 16 heads over cache rows [first_row, first_row + count).
+// The cache rows [lo, hi) of a segment that query r of q_len attends, in split `split`: its first
+// kv_len - q_len + r + 1 rows, cut into equal tile-aligned shares.
+struct SplitRows { int lo, hi; };
+template <int kTileTokens>
+__device__ __forceinline__ SplitRows split_rows(int kv_len, int q_len, int r, int num_splits, int split) {
+  const int attend = clamp_int(kv_len - q_len + r + 1, 0, kv_len);
+  const int per_split = (attend + num_splits - 1) / num_splits;
+  const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+  const int lo = min(split * share, attend);
+  return {lo, min(lo + share, attend)};
+}
+
+// What a CTA reads first, guessed before the indptr round trip as if every segment had total_q / batch queries and
+// num_kv_rows / batch cache rows (a uniform decode batch): its query row and first cache rows. The guess only
+// starts loads early; the indptr contents decide what is used (decode_row).
+struct RowGuess {
+  int q_row = -1;       // -1: no guess (the layout cannot be uniform, or this CTA has no query row in it)
+  int first_row = 0;
+  int count = 0;
+};
+template <int kTileTokens>
+__device__ __forceinline__ RowGuess guess_uniform_row(const DecodeParams& p, int seg, int r, int split) {
+  RowGuess guess;
+  const int q_len = p.total_q / p.batch, kv_len = p.num_kv_rows / p.batch;
+  if (q_len * p.batch != p.total_q || kv_len * p.batch != p.num_kv_rows || r >= q_len) return guess;
+  const SplitRows rows = split_rows<kTileTokens>(kv_len, q_len, r, p.num_splits, split);
+  guess.q_row = seg * q_len + r;
+  guess.first_row = seg * kv_len + rows.lo;
+  guess.count = rows.hi - rows.lo;
+  return guess;
+}
+
+// One query row x 16 heads over cache rows [first_row, first_row + count). `guess`: what the kernel started to load
+// before it knew the row (Q words already in q_words for guess.q_row; with TMA tiles, the guess's tile 0 on its way
+// into the last stage if guess.count > 0); a CTA's later rows pass no guess.
 template <int kFormat, int kVariant>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
                                            uint32_t& phases, int row, int head0, int first_row, int count,
-                                           int split) {
+                                           int split, float kv_scale, RowGuess guess,
+                                           uint32_t (&q_words)[2][kKSteps][2]) {
   using Tile = KvTile<kFormat, kVariant>;
   constexpr int kTileTokens = Tile::kTileTokens, kNTilesQK = Tile::kNTilesQK, kKStepsPV = Tile::kKStepsPV;
   constexpr int kRedStride = Tile::kRedStride, kPRowStride = Tile::kPRowStride;
@@ -69,24 +104,46 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // ldmatrix rows of P's A fragments: lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at token + 8.
   const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
-  const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
-
   // The prologue's requests in the order the row needs them: tile 0, Q, then the other tiles; Q is prepared once
   // all are in flight. (Q behind every prologue tile waits for the whole burst at 256 CTAs: NOTES_sm90.md v27.)
+  // Tile j lives in stage (j + rot) % kStages: rot = kStages - 1 when the guessed tile 0 (in the last stage) is the
+  // right one. A wrong guess's copy still lands in the last stage: the prologue waits for it before that stage's
+  // first use (the loop never meets it).
+  static_assert((Tile::kStages & (Tile::kStages - 1)) == 0, "stage indices wrap by masking");
+  static_assert(!Tile::kGuessFirstTile || Tile::kTma, "a stray guessed copy is waited for on its stage's mbarrier");
+  constexpr int kLastStage = Tile::kStages - 1;
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
+  const bool guessed_tile = guess.q_row >= 0 && guess.count > 0;
+  const bool tile0_ready = guessed_tile && guess.first_row == first_row && tiles > 0;
+  const bool stray_copy = guessed_tile && !tile0_ready;
+  const int rot = tile0_ready ? kLastStage : 0;
   TilePipe<Tile> pipe(p, kv_map, bars, phases);
+  auto issue = [&](int j) {
+    const int s = (j + rot) & kLastStage;
+    pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + j * kTileTokens, count - j * kTileTokens);
+  };
+  // The barrier after the wait: thread 0 re-arms the last stage's mbarrier right after (issue), and a parity wait
+  // cannot tell the stray copy's phase from the one after next, so a warp still polling for the first would spin
+  // forever once both had completed (seen as a hang under compute-sanitizer, which slows warps unevenly).
+  // stray_copy is the same in every thread of the CTA.
+  auto await_stray_copy = [&]() {
+    if (stray_copy) {
+      pipe.await(stages + kLastStage * Tile::kStageBytes, kLastStage, kTileTokens);
+      __syncthreads();
+    }
+  };
   const typename Tile::Rows::Lane lane_addr(warp, g, t);
-  if (tiles > 0) pipe.issue(stages, 0, p, first_row, count);
+  if (tiles > 0 && !tile0_ready) issue(0);
   pipe.close();
   typename QkFor<kFormat, kVariant>::type qk;
-  uint32_t q_words[2][kKSteps][2];
-  qk.fetch(p, row, head0, warp, g, t, q_words);
+  if (guess.q_row != row) qk.fetch(p, row, head0, warp, g, t, q_words);
 #pragma unroll
   for (int s = 1; s < Tile::kPrologueTiles; ++s) {
-    if (s < tiles)
-      pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + s * kTileTokens, count - s * kTileTokens);
+    if (s == kLastStage) await_stray_copy();
+    if (s < tiles) issue(s);
     pipe.close();
   }
+  if (Tile::kPrologueTiles <= kLastStage) await_stray_copy();
   qk.prepare(p, warp, g, t, kv_scale, qmax_smem, q_words);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -94,21 +151,17 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
   for (int v = 0; v < kVTilesPerWarp; ++v) o[v][0] = o[v][1] = o[v][2] = o[v][3] = 0.f;
 
-  int read_stage = 0, write_stage = Tile::kStages - 1;  // i % kStages and (i + kStages - 1) % kStages
   for (int i = 0; i < tiles; ++i) {
+    const int read_stage = (i + rot) & kLastStage;
     pipe.await(stages + read_stage * Tile::kStageBytes, read_stage, count - i * kTileTokens);
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1 and with `red`
     {
       // The stage of tile i - 1 takes tile i - 1 + kStages, unless the prologue issued it.
       const int next = i + Tile::kStages - 1;
-      if (next >= Tile::kPrologueTiles && next < tiles)
-        pipe.issue(stages + write_stage * Tile::kStageBytes, write_stage, p, first_row + next * kTileTokens,
-                   count - next * kTileTokens);
+      if (next >= Tile::kPrologueTiles && next < tiles) issue(next);
       pipe.close();
-      write_stage = write_stage + 1 == Tile::kStages ? 0 : write_stage + 1;
     }
     const uint8_t* tile = Tile::prepare(stages + read_stage * Tile::kStageBytes, expanded);
-    read_stage = read_stage + 1 == Tile::kStages ? 0 : read_stage + 1;
 
     // Partial scores over this warp's 144 dims, all the tile's tokens; warp w then sums the 4 partials of its own
     // n-tiles only (w, and w + 4 in a 64-token tile).
@@ -275,31 +328,50 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (Tile::kTma) smem += (kSwizzleAlign - smem_addr(smem_block) % kSwizzleAlign) % kSwizzleAlign;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat, kVariant>());
   uint32_t phases = 0;
-  if constexpr (Tile::kTma) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
-      mbarrier_init_fence();
-    }
-    __syncthreads();
-  }
   const int groups = p.num_heads / kHeadGroup;
   const int seg = blockIdx.z;
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
   const int first_r = blockIdx.y / groups;
-  const int q_begin = clamp_int(p.qo_indptr[seg], 0, p.total_q);
-  const int q_end = clamp_int(p.qo_indptr[seg + 1], q_begin, p.total_q);
-  const int kv_begin = clamp_int(p.kv_indptr[seg], 0, p.num_kv_rows);
-  const int kv_end = clamp_int(p.kv_indptr[seg + 1], kv_begin, p.num_kv_rows);
+  // Every other read depends on the indptr, a cold round trip, so where it pays (Tile::kGuessFirstTile: 64-token fp8
+  // tiles) the guessed row's first tile and Q are requested before it (NOTES_sm90.md v49).
+  const RowGuess guess =
+      Tile::kGuessFirstTile ? guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x) : RowGuess();
+  if constexpr (Tile::kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
+      mbarrier_init_fence();
+      if (guess.q_row >= 0 && guess.count > 0)
+        Tile::issue(smem + (Tile::kStages - 1) * Tile::kStageBytes, bars + Tile::kStages - 1, &kv_map,
+                    guess.first_row);
+    }
+  }
+  // The indptr loads go first: waiting for them must not wait for Q's (a warp's loads complete in order).
+  const int qo_lo = p.qo_indptr[seg], qo_hi = p.qo_indptr[seg + 1];
+  const int kv_lo = p.kv_indptr[seg], kv_hi = p.kv_indptr[seg + 1];
+  uint32_t q_words[2][kKSteps][2];
+  if (guess.q_row >= 0)
+    typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5, (threadIdx.x & 31) >> 2,
+                                                    threadIdx.x & 3, q_words);
+  const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
+  const int q_begin = clamp_int(qo_lo, 0, p.total_q), q_end = clamp_int(qo_hi, q_begin, p.total_q);
+  const int kv_begin = clamp_int(kv_lo, 0, p.num_kv_rows), kv_end = clamp_int(kv_hi, kv_begin, p.num_kv_rows);
   const int q_len = q_end - q_begin, kv_len = kv_end - kv_begin;
+  if constexpr (Tile::kTma) __syncthreads();  // the mbarriers initialised
+  const RowGuess no_guess;
   for (int r = first_r; r < q_len; r += p.max_q_len) {
-    const int attend = clamp_int(kv_len - q_len + r + 1, 0, kv_len);
-    const int per_split = (attend + p.num_splits - 1) / p.num_splits;
-    const int share = (per_split + Tile::kTileTokens - 1) / Tile::kTileTokens * Tile::kTileTokens;
-    const int lo = min((int)blockIdx.x * share, attend);
-    const int hi = min(lo + share, attend);
-    decode_row<kFormat, kVariant>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + lo, hi - lo,
-                                  blockIdx.x);
+    const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, blockIdx.x);
+    decode_row<kFormat, kVariant>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + rows.lo,
+                                  rows.hi - rows.lo, blockIdx.x, kv_scale, r == first_r ? guess : no_guess,
+                                  q_words);
+    // Only the first row can use the guessed Q words: cleared, they need no registers through its tile loop.
+    for (auto& half : q_words)
+      for (auto& step : half) step[0] = step[1] = 0u;
     __syncthreads();  // shared memory is reused by the next row
+  }
+  // A guessed tile no row used (this CTA has no query row): its copy must land before the CTA ends.
+  if constexpr (Tile::kTma) {
+    if (first_r >= q_len && guess.q_row >= 0 && guess.count > 0)
+      mbarrier_wait_parity(bars + Tile::kStages - 1, 0);
   }
 }
 

@@ -197,6 +197,7 @@ struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
+  static constexpr bool kGuessFirstTile = false;  // v49 (decode_split.cuh) needs TMA tiles
   static constexpr int kStages = kStagesBf16;
   static constexpr int kPrologueTiles = kStages - 1;
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
@@ -217,6 +218,9 @@ struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 :
   using Rows = Fp8SwizzledRows<Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = true;
+  // The first tile and Q requested on a guessed layout before the indptr (decode_split.cuh, NOTES_sm90.md v49):
+  // measured faster with 64-token tiles only (-1.3..2 us on 32x8192, 64x8192, 256x1024), +0.7 us at 64x1024 with 32.
+  static constexpr bool kGuessFirstTile = kVariant == kFp8Tile64;
   static constexpr int kStages = kVariant == kFp8Tile64 ? kStagesFp8Tile64 : kStagesFp8;
   static constexpr int kPrologueTiles = kVariant == kFp8Tile64 ? kStages : kStages - 1;
   static constexpr int kStageBytes = kFp8Boxes * Geometry::kFp8BoxTileBytes;
@@ -305,6 +309,7 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
+  static constexpr bool kGuessFirstTile = false;  // v49 (decode_split.cuh) needs TMA tiles
   static constexpr int kStages = kStagesMxfp4;
   static constexpr int kPrologueTiles = kStages - 1;
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
