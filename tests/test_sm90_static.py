@@ -56,13 +56,14 @@ def test_registers_that_break_occupancy_are_a_problem():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("source, flags", [
-    ("instruction_rates_sm90.cu", []),                          # NOTES_sm90.md's measured instruction rates
-    ("stream_read_sm90.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # bench/protocol_floor.py's read probe
+    ("instruction_rates.cu", []),                          # NOTES_sm90.md's measured instruction rates
+    ("stream_read.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # benchmarks/sm90/protocol_floor.py's read probe
 ])
 def test_bench_probe_compiles(tmp_path, source, flags):
-    """The device probes under bench/ still build for sm_90a (they run only on the GPU)."""
+    """The device probes under benchmarks/sm90/ still build for sm_90a (they run only on the GPU)."""
     result = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-O3", *flags, "-o",
-                             str(tmp_path / "probe"), str(ROOT / "bench" / source)], capture_output=True, text=True)
+                             str(tmp_path / "probe"), str(ROOT / "benchmarks" / "sm90" / source)],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 
