@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from benchmarks import floors, run, shapes, timing
+from benchmarks.shapes import ROOT
+from benchmarks.sm90 import kernel_bench
 from benchmarks.inputs import make_inputs
 from benchmarks.peers import Implementation
 from benchmarks.shapes import Shape
@@ -127,3 +129,25 @@ def test_bench_plots_the_sweep(tmp_path):
     run.run(args)
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## Sweep" in (tmp_path / "table.md").read_text()
+
+
+def test_kernel_bench_times_the_tree_and_the_bundle_side_by_side(capsys):
+    """The sm90 kernel bench's plumbing on CPU (torch backend): builds load through their public API, the
+    fastest plan is checked, and a wrong build is caught by `check`."""
+    builds = [kernel_bench.load_build("tree"), kernel_bench.load_build(f"bundle={ROOT / 'submission.py'}")]
+    assert builds[1].api is not builds[0].api          # the bundle's own package, not the tree's
+    best = kernel_bench.run(builds, [Shape(2, 40)], "fp8", torch.device("cpu"), reps=2, check_rows=1 << 20,
+                            backend="torch")
+    assert kernel_bench.print_run(best, builds, [Shape(2, 40)], "fp8", 2) == []
+    assert "bundle" in capsys.readouterr().out
+    layouts = (((1, 2), (0, 33)),)
+    assert kernel_bench.check(builds[:1], torch.device("cpu"), heads=(16,), splits=(1,), layouts=layouts,
+                              backend="torch") == []
+
+
+def test_kernel_bench_check_catches_a_wrong_build(monkeypatch):
+    build = kernel_bench.load_build("tree")
+    monkeypatch.setattr(kernel_bench, "runner", lambda build, inputs, *rest: lambda _: inputs.out.zero_())
+    failures = kernel_bench.check([build], torch.device("cpu"), heads=(16,), splits=(1,),
+                                  layouts=(((1,), (20,)),), backend="torch")
+    assert len(failures) == 3 and all(f[-1] == pytest.approx(1.0) for f in failures)

@@ -42,7 +42,7 @@ def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm(capsys):
 
 def test_a_spill_is_a_problem():
     reports = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=8, regs=200)), {"fp8": 80000})
-    assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].spill_stores == 8
+    assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].ptxas["spill_stores"] == 8
     assert any("local memory" in p for p in reports[0].problems)
 
 
