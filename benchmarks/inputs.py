@@ -27,11 +27,22 @@ class DecodeInputs:
 
 
 def make_inputs(shape: Shape, device, seed: int, kv_formats=KV_FORMATS) -> DecodeInputs:
+    """Uniform lengths: every segment q_len queries over kv_len cache rows."""
     generator = torch.Generator(device=device).manual_seed(seed)
-    total_q, total_kv = shape.batch * shape.q_len, shape.batch * shape.kv_len
-    q = torch.randn(total_q, shape.num_heads, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=generator)
-    kv = torch.randn(total_kv, 1, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=generator)
+    return make_layout_inputs([shape.q_len] * shape.batch, [shape.kv_len] * shape.batch, shape.num_heads, device,
+                              generator, kv_formats)
+
+
+def make_layout_inputs(q_lens, kv_lens, num_heads, device, generator, kv_formats=KV_FORMATS) -> DecodeInputs:
+    """Any layout: segment i has q_lens[i] queries over kv_lens[i] cache rows. Its `shape` holds the longest
+    segment's lengths (what a plan's max_q_len and max_kv_len are)."""
+    q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=generator)
+    kv = torch.randn(sum(kv_lens), 1, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=generator)
     caches = {kv_format: QUANTISERS[kv_format](kv) if kv_format in QUANTISERS else kv for kv_format in kv_formats}
-    steps = torch.arange(shape.batch + 1, dtype=torch.int32, device=device)
-    out = torch.empty(total_q, shape.num_heads, V_HEAD_DIM, dtype=torch.bfloat16, device=device)
-    return DecodeInputs(shape, q, caches, steps * shape.q_len, steps * shape.kv_len, out)
+    out = torch.empty(sum(q_lens), num_heads, V_HEAD_DIM, dtype=torch.bfloat16, device=device)
+    shape = Shape(len(q_lens), max(kv_lens), max(q_lens), num_heads)
+    return DecodeInputs(shape, q, caches, _indptr(q_lens, device), _indptr(kv_lens, device), out)
+
+
+def _indptr(lengths, device) -> torch.Tensor:
+    return torch.tensor([0, *lengths], dtype=torch.int64, device=device).cumsum(0).to(torch.int32)

@@ -24,6 +24,17 @@ def results_dir(kind: str) -> Path:
     return folder
 
 
+def publish(lines, kind: str, name: str, out=None) -> Path:
+    """Prints a probe's report and writes it, under the run's date and commit, to <out>/<name>.txt (default
+    benchmarks/results/<kind>/, where it replaces the last run's file)."""
+    text = "\n".join([f"{utc_now()}; commit {git_commit()}", *lines]) + "\n"
+    print(text, end="")
+    folder = Path(out) if out is not None else RESULTS / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.txt").write_text(text)
+    return folder / f"{name}.txt"
+
+
 def git_commit() -> str:
     """The measured commit: MLA_COMMIT when set (a GPU machine that gets the tree without .git), else git's."""
     if os.environ.get("MLA_COMMIT"):

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from benchmarks import floors, run, shapes, timing
+from benchmarks import floors, provenance, run, shapes, timing
 from benchmarks.shapes import ROOT
 from benchmarks.sm90 import kernel_bench
-from benchmarks.inputs import make_inputs
+from benchmarks.inputs import make_inputs, make_layout_inputs
 from benchmarks.peers import Implementation
 from benchmarks.shapes import Shape
 from mixed_mla import formats
@@ -55,6 +55,13 @@ def test_inputs_are_uniform_and_quantised_from_one_bf16_cache():
     again = make_inputs(Shape(3, 40, q_len=2), "cpu", seed=1, kv_formats=("fp8",))
     assert set(again.caches) == {"fp8"} and torch.equal(again.q, inputs.q)
     assert not torch.equal(make_inputs(Shape(3, 40, q_len=2), "cpu", seed=2).q, inputs.q)
+
+
+def test_layout_inputs_follow_ragged_lengths():
+    inputs = make_layout_inputs([1, 3], [0, 17], 32, "cpu", torch.Generator().manual_seed(0), kv_formats=("bf16",))
+    assert inputs.qo_indptr.tolist() == [0, 1, 4] and inputs.kv_indptr.tolist() == [0, 0, 17]
+    assert inputs.q.shape == (4, 32, 576) and inputs.caches["bf16"].shape == (17, 1, 576)
+    assert inputs.shape == Shape(2, 17, q_len=3, num_heads=32)   # the longest segment: what plans are sized by
 
 
 def test_floor_bytes_match_problem_md():
@@ -151,3 +158,11 @@ def test_kernel_bench_check_catches_a_wrong_build(monkeypatch):
     failures = kernel_bench.check([build], torch.device("cpu"), heads=(16,), splits=(1,),
                                   layouts=(((1,), (20,)),), backend="torch")
     assert len(failures) == 3 and all(f[-1] == pytest.approx(1.0) for f in failures)
+
+
+def test_a_probe_report_is_printed_and_written_under_its_commit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLA_COMMIT", "abc1234")
+    path = provenance.publish(["| a | b |"], "protocol", "probe", out=tmp_path)
+    assert path == tmp_path / "probe.txt"
+    assert path.read_text() == capsys.readouterr().out
+    assert path.read_text().splitlines()[0].endswith("commit abc1234") and "| a | b |" in path.read_text()

@@ -222,8 +222,8 @@ def provenance(device: torch.device, args) -> dict:
     return {"measured_by": "tools/autotune.py",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "commit": git_commit(), "gpu": gpu_name(device), "torch": f"{torch.__version__} ({runtime})",
-            "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WHOLE_CALL_WARMUP} warm-up calls; "
-                     f"{timing}; only plans whose output passed the strict check (exact.STRICT_BOUND) were "
+            "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WHOLE_CALL_WARMUP} warm-up "
+                     f"calls; {timing}; only plans whose output passed the strict check (exact.STRICT_BOUND) were "
                      f"eligible; randn inputs, uniform lengths, seed {args.seed}"}
 
 

@@ -22,6 +22,7 @@ import torch
 
 from reference import generate_input
 
+from ..provenance import publish
 from ..shapes import Shape
 from ..timing import BusyGpu, host_time_us
 from .protocol_floor import build_probe, checked
@@ -34,6 +35,7 @@ SPIN_US_PER_CALL = 100   # far more than any call's host time
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", help="folder for the report (default: benchmarks/results/protocol/)")
     args = parser.parse_args()
     import submission
     from submission import custom_kernel
@@ -73,11 +75,11 @@ def main():
                      [host_time_us(lambda _, call=calls[name]: call(), args.calls, busy, SPIN_US_PER_CALL)
                       for name in layers]))
         del data, q, kv_data, cache, out, forward_args, graph
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of {args.calls}, "
-          f"GPU kept busy")
-    print(f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers))
-    for name, values in rows:
-        print(f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values))
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of "
+             f"{args.calls}, GPU kept busy",
+             f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers)]
+    lines += [f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values) for name, values in rows]
+    publish(lines, "protocol", "host_overhead", args.out)
 
 
 if __name__ == "__main__":

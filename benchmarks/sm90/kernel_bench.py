@@ -36,9 +36,9 @@ from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.exact import STRICT_BOUND, strict_error
 
 from ..floors import floor_us, path_bytes
-from ..inputs import DecodeInputs, QUANTISERS, make_inputs
+from ..inputs import DecodeInputs, make_inputs, make_layout_inputs
 from ..peers.ours import plan_for
-from ..shapes import Shape, parse_shapes
+from ..shapes import parse_shapes
 from ..timing import KernelTimer
 
 BACKEND = "cuda_sm90"
@@ -153,24 +153,13 @@ def print_run(best, builds, shapes, kv_format, reps) -> list:
     return [key for key, (_, _, error, _) in best.items() if error is not None and not error <= STRICT_BOUND[kv_format]]
 
 
-def ragged_inputs(q_lens, kv_lens, num_heads, device, generator) -> DecodeInputs:
-    """One ragged layout's data in every format (Shape holds the longest segment: what plans are sized by)."""
-    qo = torch.tensor((0,) + q_lens, device=device).cumsum(0).to(torch.int32)
-    kvi = torch.tensor((0,) + kv_lens, device=device).cumsum(0).to(torch.int32)
-    kv = torch.randn(sum(kv_lens), 1, 576, device=device, generator=generator).to(torch.bfloat16)
-    q = torch.randn(sum(q_lens), num_heads, 576, device=device, generator=generator).to(torch.bfloat16)
-    caches = {"bf16": kv, **{kv_format: quantise(kv) for kv_format, quantise in QUANTISERS.items()}}
-    out = torch.empty(sum(q_lens), num_heads, 512, dtype=torch.bfloat16, device=device)
-    return DecodeInputs(Shape(len(q_lens), max(kv_lens), max(q_lens), num_heads), q, caches, qo, kvi, out)
-
-
 def check(builds, device, heads=CHECK_HEADS, splits=CHECK_SPLITS, layouts=CHECK_LAYOUTS, backend=BACKEND) -> list:
     """Failures (build, layout, heads, format, plan, error) of every build on the ragged layouts."""
     generator = torch.Generator(device=device).manual_seed(7)
     failures, checked = [], 0
     for q_lens, kv_lens in layouts:
         for num_heads in heads:
-            inputs = ragged_inputs(q_lens, kv_lens, num_heads, device, generator)
+            inputs = make_layout_inputs(q_lens, kv_lens, num_heads, device, generator)
             for build in builds:
                 for kv_format in inputs.caches:
                     base = plan_for(inputs, kv_format, backend, api=build.api).plan

@@ -34,6 +34,7 @@ from reference import generate_input
 from utils import flush_bytes
 
 from ..floors import KV_ROW_BYTES, cache_bytes, floor_us
+from ..provenance import publish
 from ..shapes import BENCHMARK_SHAPES
 from ..timing import whole_call_us
 
@@ -66,6 +67,7 @@ def zero_output(data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--out", help="folder for the report (default: benchmarks/results/protocol/)")
     args = parser.parse_args()
     from submission import custom_kernel
     device = torch.device("cuda")
@@ -116,19 +118,20 @@ def main():
                      *fastest_read(fp8_bytes), fastest_read(cache_bytes(shape.cache_rows, "mxfp4"))[0],
                      dirty_us(read_in_chunks), floor_us(fp8_bytes)))
         del data, fp8_cache
-    print(f"{torch.cuda.get_device_name()}: medians over {args.repeats} calls (us); dirty = eval.py's write flush, "
-          f"clean = a read flush of the same size; read = stream_read.cu at the fastest of "
-          f"{'/'.join(map(str, CTAS_PER_SM))} CTAs per SM under the dirty flush; chunks = the fp8 bytes in one "
-          f"contiguous piece per CTA of the shipped plan, dirty flush")
-    print(f"{'shape':>10} {'zero_output':>12} {'empty kernel':>13} {'ours dirty':>11} {'ours clean':>11} "
-          f"{'read dirty':>11} {'read clean':>11} {'CTAs/SM':>8} {'read mxfp4 bytes':>17} {'read in chunks':>15} "
-          f"{'fp8 floor':>10}")
+    lines = [f"{torch.cuda.get_device_name()}: medians over {args.repeats} calls (us); dirty = eval.py's write "
+             f"flush, clean = a read flush of the same size; read = stream_read.cu at the fastest of "
+             f"{'/'.join(map(str, CTAS_PER_SM))} CTAs per SM under the dirty flush; chunks = the fp8 bytes in one "
+             f"contiguous piece per CTA of the shipped plan, dirty flush",
+             f"{'shape':>10} {'zero_output':>12} {'empty kernel':>13} {'ours dirty':>11} {'ours clean':>11} "
+             f"{'read dirty':>11} {'read clean':>11} {'CTAs/SM':>8} {'read mxfp4 bytes':>17} {'read in chunks':>15} "
+             f"{'fp8 floor':>10}"]
     for name, zero, empty, ours, ours_clean, read, read_clean, ctas, read_mxfp4, chunked, floor in rows:
-        print(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} {read_clean:11.2f} "
-              f"{ctas:8d} {read_mxfp4:17.2f} {chunked:15.2f} {floor:10.2f}")
+        lines.append(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} "
+                     f"{read_clean:11.2f} {ctas:8d} {read_mxfp4:17.2f} {chunked:15.2f} {floor:10.2f}")
     geomean = [math.exp(sum(math.log(row[i]) for row in rows) / len(rows)) for i in (3, 5, 8, 9)]
-    print(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, "
-          f"read mxfp4 bytes dirty {geomean[2]:.2f}, read in chunks {geomean[3]:.2f}")
+    lines.append(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, "
+                 f"read mxfp4 bytes dirty {geomean[2]:.2f}, read in chunks {geomean[3]:.2f}")
+    publish(lines, "protocol", "protocol_floor", args.out)
 
 
 if __name__ == "__main__":
