@@ -12,6 +12,7 @@ host (perf_counter, median of --calls per layer):
   graph replay       - DecodePlan.launch captured once in a CUDA graph, replayed: what a stack that captures
                        its decode step pays instead.
     python3 -m benchmarks.sm90.host_overhead [--calls 300]     (builds stream_read.cu's library with nvcc first)
+Prints the table and writes it to benchmarks/results/host/raw.txt (--out: another folder).
 """
 import argparse
 import importlib
@@ -35,7 +36,7 @@ SPIN_US_PER_CALL = 100   # far more than any call's host time
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
-    parser.add_argument("--out", help="folder for the report (default: benchmarks/results/protocol/)")
+    parser.add_argument("--out", help="folder for raw.txt (default: benchmarks/results/host/)")
     args = parser.parse_args()
     import submission
     from submission import custom_kernel
@@ -79,7 +80,7 @@ def main():
              f"{args.calls}, GPU kept busy",
              f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers)]
     lines += [f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values) for name, values in rows]
-    publish(lines, "protocol", "host_overhead", args.out)
+    publish(lines, "host", "raw", args.out)
 
 
 if __name__ == "__main__":

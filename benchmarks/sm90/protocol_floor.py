@@ -17,6 +17,7 @@ and the fp8 HBM floor, so the targets of issue 4 can be read against what the pr
 between the dirty and clean columns is the write-back traffic the protocol adds to any implementation, and the
 read column is what reading the bytes costs any decode under it.
     python3 -m benchmarks.sm90.protocol_floor [--repeats 30]      (builds the read probe with nvcc first)
+Prints the table and writes it to benchmarks/results/protocol/probe.txt (--out: another folder).
 """
 import argparse
 import ctypes
@@ -67,7 +68,7 @@ def zero_output(data):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--out", help="folder for the report (default: benchmarks/results/protocol/)")
+    parser.add_argument("--out", help="folder for probe.txt (default: benchmarks/results/protocol/)")
     args = parser.parse_args()
     from submission import custom_kernel
     device = torch.device("cuda")
@@ -131,7 +132,7 @@ def main():
     geomean = [math.exp(sum(math.log(row[i]) for row in rows) / len(rows)) for i in (3, 5, 8, 9)]
     lines.append(f"geomean: ours dirty {geomean[0]:.2f}, read dirty {geomean[1]:.2f}, "
                  f"read mxfp4 bytes dirty {geomean[2]:.2f}, read in chunks {geomean[3]:.2f}")
-    publish(lines, "protocol", "protocol_floor", args.out)
+    publish(lines, "protocol", "probe", args.out)
 
 
 if __name__ == "__main__":

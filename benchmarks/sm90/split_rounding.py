@@ -4,6 +4,7 @@ empty). Timed like the autotuner (tools/autotune.py measure(): public API, eval.
 median, strict accuracy check), the two plans of a shape alternating over rounds so that drift hits both alike.
 
     python -m benchmarks.sm90.split_rounding [--rounds 3] [--repeats 20]      # on the GPU
+Prints the table and writes it to benchmarks/results/planner/split_rounding.txt (--out: another folder).
 """
 import argparse
 import dataclasses
@@ -17,6 +18,7 @@ from mixed_mla.constants import DEFAULT_SM_SCALE
 from tools.autotune import measure
 
 from ..inputs import make_inputs
+from ..provenance import publish
 from ..shapes import Shape
 
 # 16 heads: where the raw count crosses a merge size (33 -> 32, 17/18 -> 16), leaves many splits empty (46 -> 32),
@@ -29,9 +31,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", help="folder for split_rounding.txt (default: benchmarks/results/planner/)")
     args = parser.parse_args()
     device = torch.device("cuda")
-    print("shape (batch x kv_len, q_len, 16 heads) | raw splits us | dropped-empty splits us | change")
+    lines = ["shape (batch x kv_len, q_len, heads) | raw splits us | dropped-empty splits us | change"]
     for shape in SHAPES:
         dims = (shape.batch, shape.q_len, shape.kv_len, shape.num_heads)
         new = planner.heuristic_plan("sm90", *dims)
@@ -47,11 +50,12 @@ def main():
                     sys.exit(f"{shape} {plan}: {record['status']}")
                 times[plan.num_splits].append(record["us"])
         before, after = (statistics.median(times[p.num_splits]) for p in (raw, new))
-        print(f"{shape} {new.kv_format} {new.variant or 'tile32'} | "
+        lines.append(f"{shape} {new.kv_format} {new.variant or 'tile32'} | "
               f"{raw.num_splits:2d}: {before:7.2f} | {new.num_splits:2d}: {after:7.2f} | "
               f"{100 * (after / before - 1):+5.1f}%")
         del inputs, reference
         torch.cuda.empty_cache()
+    publish(lines, "planner", "split_rounding", args.out)
 
 if __name__ == "__main__":
     main()
