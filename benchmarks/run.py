@@ -66,8 +66,7 @@ def bench_shape(shape, group, impls, timer, device, bytes_per_s, seed, l2_bytes,
     usable = {}
     records = []
     for impl in impls:
-        rows = shape.batch * shape.kv_len
-        reason = (impl.unavailable_reason(device) if rows <= impl.max_rows
+        reason = (impl.unavailable_reason(device) if shape.cache_rows <= impl.max_rows
                   else f"not timed above {impl.max_rows} cache rows (device time)")
         if reason is None:
             usable[impl.name] = impl

@@ -5,11 +5,11 @@
     python tools/autotune.py --device cpu --device-table /tmp/cpu.json --shapes 2x64   # a smoke run
 
 For each shape (batch x kv_len) it times every plan of planner.candidates(...) through the public API (api.plan for
-the backend, the candidate's Plan swapped in, DecodePlan.run), timed as eval.py times a call
-(benchmarks.timing.whole_call_us: the harness's cache flush, device events around the whole call), the median of
-the repeats. A plan counts only if its output passes the
-strict check (relative L2 against exact float64 attention on the cache format it reads, exact.STRICT_BOUND); the
-fastest passing plan becomes the table entry of its shape, per cache format and for "auto" (the fastest of all).
+the backend, the candidate's Plan swapped in, DecodePlan.run) as eval.py times a call (benchmarks.timing.whole_call_us:
+the harness's cache flush, device events around the whole call), the median of the repeats. A plan counts only if its
+output passes the strict check (relative L2 against exact float64 attention on the cache format it reads,
+exact.STRICT_BOUND); the fastest passing plan becomes the table entry of its shape, per cache format and for "auto"
+(the fastest of all).
 Inputs are the problem's (benchmarks.inputs): randn Q and KV, uniform lengths, the fp8 / mxfp4 caches quantised
 from the bf16 one.
 
