@@ -10,6 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import autotune  # noqa: E402
 
+from benchmarks.shapes import BENCHMARK_SHAPES, Shape  # noqa: E402
 from mixed_mla import planner  # noqa: E402
 from mixed_mla.backends import torch_ref  # noqa: E402
 
@@ -102,11 +103,12 @@ def test_other_shapes_of_an_existing_table_are_kept(tmp_path):
     assert [e["us"] for e in table["entries"] if (e["batch"], e["kv_format"]) == (2, "auto")] != [0.001]
 
 
-def test_shape_arguments_are_checked():
-    assert autotune.parse_shape("32x8192", 1, 16) == autotune.Shape(32, 1, 8192, 16)
+def test_shape_arguments_are_checked(capsys):
+    assert autotune.parse_args(["--shapes", "32x8192", "--q-len", "2"]).shapes == [Shape(32, 8192, q_len=2)]
     for bad in ("32", "0x10", "4x1"):
-        with pytest.raises(Exception, match="shape"):
-            autotune.parse_shape(bad, 2, 16)
+        with pytest.raises(SystemExit):
+            autotune.parse_args(["--shapes", bad, "--q-len", "2"])
+        assert "shape" in capsys.readouterr().err
 
 
 def test_an_unplanned_device_needs_an_explicit_table_path():
@@ -116,8 +118,7 @@ def test_an_unplanned_device_needs_an_explicit_table_path():
 
 def test_the_default_shapes_are_the_benchmark_shapes():
     args = autotune.parse_args([])
-    assert [(s.batch, s.kv_len) for s in args.shapes] == [(4, 1024), (4, 8192), (32, 1024), (32, 8192),
-                                                          (64, 1024), (64, 8192), (256, 1024), (256, 8192)]
+    assert args.shapes == list(BENCHMARK_SHAPES)
     assert torch.device(args.device).type in ("cpu", "cuda")
 
 
@@ -138,12 +139,13 @@ def test_a_run_stopped_after_the_first_shape_leaves_its_table(tmp_path, monkeypa
 
 
 def test_the_heuristic_is_reported_against_the_best_plan():
-    shape = autotune.Shape(48, 1, 4096, 16)
+    shape = Shape(48, 4096)
     guess = autotune.plan_fields(planner.heuristic_plan("sm90", 48, 1, 4096, 16))
     best = {**guess, "num_splits": 4, "variant": "tile64"}
-    records = [{"shape": shape.key, "plan": guess, "us": 55.0, "status": "ok"},
-               {"shape": shape.key, "plan": best, "us": 50.0, "status": "ok"},
-               {"shape": shape.key, "plan": {**guess, "num_splits": 2}, "us": 1.0, "status": "rejected: wrong"}]
+    key = autotune.shape_key(shape)
+    records = [{"shape": key, "plan": guess, "us": 55.0, "status": "ok"},
+               {"shape": key, "plan": best, "us": 50.0, "status": "ok"},
+               {"shape": key, "plan": {**guess, "num_splits": 2}, "us": 1.0, "status": "rejected: wrong"}]
     [line] = autotune.heuristic_report(records, [shape], "sm90")
     assert line == "heuristic 48x4096 q1 h16: cuda_sm90 fp8 s5 55.00 us, +10.0% against the best " \
                    "(cuda_sm90 fp8 s4 tile64 50.00 us)"

@@ -42,7 +42,7 @@ def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm(capsys):
 
 def test_a_spill_is_a_problem():
     reports = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=8, regs=200)), {"fp8": 80000})
-    assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].spill_stores == 8
+    assert reports[0].name == "decode_split_kernel<fp8>" and reports[0].ptxas["spill_stores"] == 8
     assert any("local memory" in p for p in reports[0].problems)
 
 
@@ -56,13 +56,14 @@ def test_registers_that_break_occupancy_are_a_problem():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("source, flags", [
-    ("instruction_rates_sm90.cu", []),                          # NOTES_sm90.md's measured instruction rates
-    ("stream_read_sm90.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # bench/protocol_floor.py's read probe
+    ("instruction_rates.cu", []),                          # NOTES_sm90.md's measured instruction rates
+    ("stream_read.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # benchmarks/sm90/protocol_floor.py's read probe
 ])
 def test_bench_probe_compiles(tmp_path, source, flags):
-    """The device probes under bench/ still build for sm_90a (they run only on the GPU)."""
+    """The device probes under benchmarks/sm90/ still build for sm_90a (they run only on the GPU)."""
     result = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-O3", *flags, "-o",
-                             str(tmp_path / "probe"), str(ROOT / "bench" / source)], capture_output=True, text=True)
+                             str(tmp_path / "probe"), str(ROOT / "benchmarks" / "sm90" / source)],
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -5,26 +5,23 @@
     python tools/autotune.py --device cpu --device-table /tmp/cpu.json --shapes 2x64   # a smoke run
 
 For each shape (batch x kv_len) it times every plan of planner.candidates(...) through the public API (api.plan for
-the backend, the candidate's Plan swapped in, DecodePlan.run): device events around each call, the caches flushed by
-a write larger than them before every call, the median of the repeats. A plan counts only if its output passes the
-strict check (relative L2 against exact float64 attention on the cache format it reads, exact.STRICT_BOUND); the
-fastest passing plan becomes the table entry of its shape, per cache format and for "auto" (the fastest of all).
-Inputs are the problem's: randn Q and KV, uniform lengths, the fp8 / mxfp4 caches quantised from the bf16 one.
+the backend, the candidate's Plan swapped in, DecodePlan.run) as eval.py times a call (benchmarks.timing.whole_call_us:
+the harness's cache flush, device events around the whole call), the median of the repeats. A plan counts only if its
+output passes the strict check (relative L2 against exact float64 attention on the cache format it reads,
+exact.STRICT_BOUND); the fastest passing plan becomes the table entry of its shape, per cache format and for "auto"
+(the fastest of all).
+Inputs are the problem's (benchmarks.inputs): randn Q and KV, uniform lengths, the fp8 / mxfp4 caches quantised
+from the bf16 one.
 
 Resumable: every measurement is appended to a partial-results file (default .build/autotune/<table>.partial.jsonl,
 git-ignored) as it is made; a rerun skips what that file already holds for this GPU (--restart discards it).
 The table is merged: entries of shapes not measured in this run are kept, each with its own "source".
 """
 import argparse
-import dataclasses
 import datetime
 import json
 import math
-import os
-import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,40 +29,21 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from mixed_mla import api, exact, formats, planner  # noqa: E402
-from mixed_mla.constants import DEFAULT_SM_SCALE, QK_HEAD_DIM  # noqa: E402
+from benchmarks.inputs import make_inputs  # noqa: E402
+from benchmarks.peers.ours import plan_for  # noqa: E402
+from benchmarks.provenance import git_commit, gpu_name  # noqa: E402
+from benchmarks.shapes import BENCHMARK_SHAPES, Shape, parse_shape  # noqa: E402
+from benchmarks.timing import WHOLE_CALL_WARMUP, whole_call_us  # noqa: E402
+from mixed_mla import exact, planner  # noqa: E402
+from mixed_mla.constants import DEFAULT_SM_SCALE  # noqa: E402
 
-BENCHMARK_SHAPES = ("4x1024", "4x8192", "32x1024", "32x8192", "64x1024", "64x8192", "256x1024", "256x8192")
 PARTIAL_DIR = REPO / ".build" / "autotune"
-# The flush write must exceed the largest cache level: H200 L2 is 60 MB, MI355X's Infinity Cache 256 MB.
-FLUSH_BYTES = 1 << 30
-WARMUP_CALLS = 3
 TABLE_NAMES = {"sm90": "H200", "gfx950": "MI355X"}   # device_arch -> the "device" field of its table
 
 
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    batch: int
-    q_len: int
-    kv_len: int
-    num_heads: int
-
-    @property
-    def key(self):
-        return [self.batch, self.q_len, self.kv_len, self.num_heads]
-
-    def __str__(self):
-        return f"{self.batch}x{self.kv_len} q{self.q_len} h{self.num_heads}"
-
-
-def parse_shape(text: str, q_len: int, num_heads: int) -> Shape:
-    try:
-        batch, kv_len = (int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"shape {text!r} is not BATCHxKV_LEN (e.g. 32x8192)") from None
-    if batch < 1 or kv_len < q_len:
-        raise argparse.ArgumentTypeError(f"shape {text!r}: need batch >= 1 and kv_len >= q_len ({q_len})")
-    return Shape(batch, q_len, kv_len, num_heads)
+def shape_key(shape: Shape) -> list:
+    """How a shape is written in the partial results."""
+    return [shape.batch, shape.q_len, shape.kv_len, shape.num_heads]
 
 
 def plan_fields(plan: planner.Plan) -> dict:
@@ -73,69 +51,24 @@ def plan_fields(plan: planner.Plan) -> dict:
             "variant": plan.variant, "page_size": plan.page_size}
 
 
-# ---- inputs, references, timing ----
+# ---- measuring one plan ----
 
-def make_inputs(shape: Shape, device, seed: int):
-    """(q, {format: cache}, qo_indptr, kv_indptr) as the problem's generator makes them (uniform lengths)."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(shape.batch * shape.q_len, shape.num_heads, QK_HEAD_DIM, dtype=torch.bfloat16, device=device,
-                    generator=g)
-    kv = torch.randn(shape.batch * shape.kv_len, 1, QK_HEAD_DIM, dtype=torch.bfloat16, device=device, generator=g)
-    caches = {"bf16": kv, "fp8": formats.quantize_fp8(kv), "mxfp4": formats.quantize_mxfp4(kv)}
-    steps = torch.arange(shape.batch + 1, dtype=torch.int32, device=device)
-    return q, caches, steps * shape.q_len, steps * shape.kv_len
-
-
-class Timer:
-    """Median time of a call in microseconds: device events with a cache flush on a GPU, perf_counter on a CPU."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        on_gpu = device.type == "cuda"
-        self.flush_buffer = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device) if on_gpu else None
-
-    def median_us(self, call, repeats: int) -> float:
-        for _ in range(WARMUP_CALLS):
-            call()
-        if self.flush_buffer is None:
-            times = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                call()
-                times.append((time.perf_counter() - start) * 1e6)
-            return statistics.median(times)
-        events = []
-        for _ in range(repeats):
-            self.flush_buffer.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            events.append((start, end))
-        torch.cuda.synchronize(self.device)
-        return statistics.median(start.elapsed_time(end) * 1e3 for start, end in events)
-
-
-def measure(candidate: planner.Plan, shape: Shape, inputs, reference, timer: Timer, repeats: int) -> dict:
+def measure(candidate: planner.Plan, shape: Shape, inputs, reference, repeats: int) -> dict:
     """One record: the plan, its median time and strict error, and whether it passed (or why it could not run)."""
-    q, caches, qo_indptr, kv_indptr = inputs
-    record = {"shape": shape.key, "plan": plan_fields(candidate)}
+    record = {"shape": shape_key(shape), "plan": plan_fields(candidate)}
     try:
-        planned = api.plan(qo_indptr, kv_indptr, num_heads=shape.num_heads, device=q.device,
-                           kv_format=candidate.kv_format, max_q_len=shape.q_len, max_kv_len=shape.kv_len,
-                           backend=candidate.backend)
-        planned = dataclasses.replace(planned, plan=candidate)
-        cache = caches[candidate.kv_format]
+        planned = plan_for(inputs, candidate.kv_format, candidate.backend, candidate)
+        cache = inputs.caches[candidate.kv_format]
 
         def call():
-            return planned.run(q, cache, qo_indptr, kv_indptr, sm_scale=DEFAULT_SM_SCALE)
+            return planned.run(inputs.q, cache, inputs.qo_indptr, inputs.kv_indptr, sm_scale=DEFAULT_SM_SCALE)
 
         error = exact.relative_l2(call(), reference[candidate.kv_format])
         record["strict_error"] = error if math.isfinite(error) else None
         if not error < exact.STRICT_BOUND[candidate.kv_format]:
             record["status"] = f"rejected: strict error {error:.3g} >= {exact.STRICT_BOUND[candidate.kv_format]}"
             return record
-        record["us"] = timer.median_us(call, repeats)
+        record["us"] = whole_call_us(call, repeats, inputs.q.device)
         record["status"] = "ok"
     except (ValueError, RuntimeError, NotImplementedError) as failure:  # refused plans, unavailable backends
         record["status"] = f"failed: {type(failure).__name__}: {failure}"
@@ -165,7 +98,7 @@ class PartialResults:
         return json.dumps([shape_key, fields], sort_keys=True)
 
     def has(self, shape: Shape, plan: planner.Plan) -> bool:
-        return self._key(shape.key, plan_fields(plan)) in self.done
+        return self._key(shape_key(shape), plan_fields(plan)) in self.done
 
     def add(self, record: dict) -> None:
         record = {**record, "gpu": self.gpu}
@@ -208,7 +141,7 @@ def progress_bar(total: int):
 
 def passing_records(records: list, shape: Shape) -> list:
     """The measurements of `shape` whose plan passed the strict check."""
-    return [r for r in records if r["shape"] == shape.key and r.get("status") == "ok"]
+    return [r for r in records if r["shape"] == shape_key(shape) and r.get("status") == "ok"]
 
 
 def best_entries(records: list, shapes: list, source: str) -> list:
@@ -281,34 +214,16 @@ def table_text(table: dict) -> str:
     return f"{head},\n  \"entries\": [\n{lines}\n  ]\n}}\n"
 
 
-def git_commit() -> str:
-    """The measured commit: MLA_COMMIT when set (a GPU machine that gets the tree without .git), else git's."""
-    if os.environ.get("MLA_COMMIT"):
-        return os.environ["MLA_COMMIT"]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def gpu_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
 def provenance(device: torch.device, args) -> dict:
     runtime = (f"HIP {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}" if torch.version.cuda
                else "cpu")
-    timing = (f"a {FLUSH_BYTES >> 20} MiB write flushed the caches before each call, timed by device events"
-              if device.type == "cuda" else "timed by perf_counter")
+    timing = ("timed as eval.py times a call: its cache flush (a write larger than the caches) before each, "
+              "device events around it" if device.type == "cuda" else "timed by perf_counter")
     return {"measured_by": "tools/autotune.py",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
             "commit": git_commit(), "gpu": gpu_name(device), "torch": f"{torch.__version__} ({runtime})",
-            "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WARMUP_CALLS} warm-up calls; "
-                     f"{timing}; only plans whose output passed the strict check (exact.STRICT_BOUND) were "
+            "notes": f"median of {args.repeats} calls through api.DecodePlan.run after {WHOLE_CALL_WARMUP} warm-up "
+                     f"calls; {timing}; only plans whose output passed the strict check (exact.STRICT_BOUND) were "
                      f"eligible; randn inputs, uniform lengths, seed {args.seed}"}
 
 
@@ -317,7 +232,7 @@ def provenance(device: torch.device, args) -> dict:
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", default=list(BENCHMARK_SHAPES), metavar="BATCHxKV",
+    parser.add_argument("--shapes", nargs="+", default=[s.label for s in BENCHMARK_SHAPES], metavar="BATCHxKV",
                         help="shapes to tune (default: the 8 benchmark shapes)")
     parser.add_argument("--q-len", type=int, default=1, help="queries per segment (default 1)")
     parser.add_argument("--heads", type=int, default=16, help="query heads (default 16)")
@@ -330,7 +245,10 @@ def parse_args(argv):
                         help="partial-results file (default: .build/autotune/<table name>.partial.jsonl)")
     parser.add_argument("--restart", action="store_true", help="discard the partial results and measure all")
     args = parser.parse_args(argv)
-    args.shapes = [parse_shape(text, args.q_len, args.heads) for text in args.shapes]
+    try:
+        args.shapes = [parse_shape(text, args.q_len, args.heads) for text in args.shapes]
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -361,7 +279,6 @@ def main(argv=None) -> Path:
     work = [(shape, planner.candidates(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))
             for shape in args.shapes]
     bar = progress_bar(sum(len(plans) for _, plans in work))
-    timer = Timer(device)
     for done, (shape, plans) in enumerate(work, start=1):
         todo = [p for p in plans if not partial.has(shape, p)]
         if len(todo) < len(plans):
@@ -369,15 +286,15 @@ def main(argv=None) -> Path:
         if not todo:
             continue
         inputs = make_inputs(shape, device, args.seed)
-        q, caches, qo_indptr, kv_indptr = inputs
-        reference = {fmt: exact.exact_attention(q, caches[fmt], fmt, qo_indptr, kv_indptr, DEFAULT_SM_SCALE)
+        reference = {fmt: exact.exact_attention(inputs.q, inputs.caches[fmt], fmt, inputs.qo_indptr,
+                                                inputs.kv_indptr, DEFAULT_SM_SCALE)
                      for fmt in sorted({p.kv_format for p in todo})}
         for plan in todo:
             bar.set_description(f"{shape} {plan.backend} {plan.kv_format} s{plan.num_splits} {plan.variant} "
                                 f"p{plan.page_size}")
-            partial.add(measure(plan, shape, inputs, reference, timer, args.repeats))
+            partial.add(measure(plan, shape, inputs, reference, args.repeats))
             bar.update(1)
-        del inputs, q, caches, reference
+        del inputs, reference
         # after every shape, so a run stopped by a time limit still leaves a table for what it finished
         write_table(table_path, partial.records, [s for s, _ in work[:done]], device, args)
     bar.close()

@@ -16,14 +16,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from mixed_mla.backends.cuda_sm90 import ARCH_FLAGS  # noqa: E402
 from mixed_mla.kernels import materialize  # noqa: E402
 
 KERNEL_DIR = "sm90/decode"
-NVCC_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-O3", "-std=c++17", "-Xptxas", "-v"]
+NVCC_FLAGS = [*ARCH_FLAGS, "-O3", "-std=c++17", "-Xptxas", "-v"]
 REGISTERS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024            # H100/H200: 228 KB per SM, of which 1 KB per CTA is reserved by the system
 SMEM_RESERVED_PER_CTA = 1024
@@ -35,8 +36,11 @@ FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64"}                        # config.h
 SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0)]
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
-PROPS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-USED = re.compile(r"Used (\d+) registers(?:, used \d+ barriers)?(?:, (\d+) bytes smem)?")
+# ptxas' resource lines; each named group is a field of KernelReport.ptxas
+PROPS = re.compile(r"(?P<stack_frame>\d+) bytes stack frame, (?P<spill_stores>\d+) bytes spill stores, "
+                   r"(?P<spill_loads>\d+) bytes spill loads")
+USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used \d+ barriers)?(?:, (?P<static_smem>\d+) bytes smem)?")
+PTXAS_FIELDS = ("registers", "static_smem", "stack_frame", "spill_stores", "spill_loads")
 
 SMEM_PROBE = "#include <cstdio>\n#include \"decode_split.cuh\"\nint main() {\n" + "".join(
     f'  std::printf("%d\\n", mla_sm90::split_smem_bytes<{fmt}, {variant}>());\n' for fmt, variant in SPLIT_KERNELS
@@ -46,12 +50,8 @@ SMEM_PROBE = "#include <cstdio>\n#include \"decode_split.cuh\"\nint main() {\n" 
 @dataclass
 class KernelReport:
     name: str
-    registers: int = 0
-    static_smem: int = 0
+    ptxas: dict = field(default_factory=lambda: dict.fromkeys(PTXAS_FIELDS, 0))   # bytes, or a register count
     dynamic_smem: int = 0
-    stack_frame: int = 0
-    spill_stores: int = 0
-    spill_loads: int = 0
     ctas_per_sm: int = 0
     problems: tuple = ()
 
@@ -93,11 +93,8 @@ def parse_ptxas(log: str) -> list:
         if (m := ENTRY.search(line)):
             current = KernelReport(demangle_name(m.group(1)))
             reports.append(current)
-        elif current and (m := PROPS.search(line)):
-            current.stack_frame, current.spill_stores, current.spill_loads = map(int, m.groups())
-        elif current and (m := USED.search(line)):
-            current.registers = int(m.group(1))
-            current.static_smem = int(m.group(2) or 0)
+        elif current and (m := PROPS.search(line) or USED.search(line)):
+            current.ptxas.update({key: int(value or 0) for key, value in m.groupdict().items()})
     return reports
 
 
@@ -109,11 +106,11 @@ def assess(reports: list, dynamic_smem: dict) -> list:
         if fmt:
             r.dynamic_smem = dynamic_smem[fmt.group(1)]
         threads = THREADS[r.name.split("<")[0]]
-        by_regs = REGISTERS_PER_SM // max(1, r.registers * threads)
-        smem = r.static_smem + r.dynamic_smem + SMEM_RESERVED_PER_CTA
+        by_regs = REGISTERS_PER_SM // max(1, r.ptxas["registers"] * threads)
+        smem = r.ptxas["static_smem"] + r.dynamic_smem + SMEM_RESERVED_PER_CTA
         r.ctas_per_sm = min(by_regs, SMEM_PER_SM // smem)
         problems = []
-        if r.stack_frame or r.spill_stores or r.spill_loads:
+        if r.ptxas["stack_frame"] or r.ptxas["spill_stores"] or r.ptxas["spill_loads"]:
             problems.append("local memory (stack frame or spills)")
         if fmt and r.ctas_per_sm < TARGET_CTAS_PER_SM:
             problems.append(f"{r.ctas_per_sm} CTAs per SM < target {TARGET_CTAS_PER_SM}")
@@ -135,8 +132,10 @@ def main() -> int:
     else:
         print(f"{'kernel':38s} {'regs':>5s} {'smem':>7s} {'stack':>6s} {'spills':>7s} {'CTA/SM':>7s}  problems")
         for r in reports:
-            print(f"{r.name:38s} {r.registers:5d} {r.static_smem + r.dynamic_smem:7d} {r.stack_frame:6d} "
-                  f"{r.spill_stores + r.spill_loads:7d} {r.ctas_per_sm:7d}  {'; '.join(r.problems) or 'ok'}")
+            used = r.ptxas
+            print(f"{r.name:38s} {used['registers']:5d} {used['static_smem'] + r.dynamic_smem:7d} "
+                  f"{used['stack_frame']:6d} {used['spill_stores'] + used['spill_loads']:7d} {r.ctas_per_sm:7d}  "
+                  f"{'; '.join(r.problems) or 'ok'}")
     return 1 if not reports or any(r.problems for r in reports) else 0
 
 

@@ -3,12 +3,19 @@
 #   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
 #   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
 #   cases, and compute-sanitizer (memcheck, racecheck, synccheck) on garbage indptr contents and on the layouts
-#   that make the fp8 kernel's early guess wrong. Writes everything under $1 (about 14 files; the device tool
-#   returns at most 8, so give a scratch folder and tar it into $OUT).
+#   that make the fp8 kernel's early guess wrong. Writes everything under $1, by default
+#   benchmarks/results/release/ (replaced). On the device machine give a scratch folder and tar it into $OUT:
+#   bash benchmarks/sm90/release_check.sh /tmp/release && tar -C /tmp -czf $OUT/release.tgz release
 # AUTOTUNE=1 first re-measures the planner table (tools/autotune.py) and rebundles submission.py from it, so the
 #   checks run the kernels and table of this very tree; both files land in $1 to be committed from there.
 set -uo pipefail
-out=$1
+if [ -n "${1:-}" ]; then
+  out=$1
+  mkdir -p "$out"
+else
+  out=benchmarks/results/release
+  rm -rf "$out" && mkdir -p "$out"
+fi
 root=$(pwd)
 export PYTHONUNBUFFERED=1
 log="$out/run.log"
@@ -42,7 +49,7 @@ echo "== leaderboard eval.py (reference-kernels $(cat .leaderboard/COMMIT)) test
   3>"$out/leaderboard_test_keys.txt" >"$out/leaderboard_test.txt" 2>&1)
 echo "rc=$? (leaderboard_test)" >>"$log"
 
-# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (v49's stray copy, NOTES):
+# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once, NOTES):
 # besides garbage indptr contents they get the layouts whose early guess of a uniform batch is wrong.
 sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess"
 for tool in memcheck racecheck synccheck; do

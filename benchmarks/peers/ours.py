@@ -2,11 +2,15 @@
 `.run(...)` per step.
 
 The backend is forced (plan(..., backend=name)) so that each row of the table is the path it names, never a
-silent fallback to another backend.
+silent fallback to another backend. `plan_for` also serves the autotuner and the sm90 probes, which swap in
+the plan they time; it takes the `api` module to call, so a bundled submission.py's package serves as well.
 """
+import dataclasses
+
 import torch
 
-from mixed_mla import api, backends
+from mixed_mla import api as shipped_api
+from mixed_mla import backends
 
 NAME = "ours"
 
@@ -18,12 +22,18 @@ def unavailable_reason(device, kv_format, backend):
     return reason
 
 
+def plan_for(inputs, kv_format, backend, plan=None, api=shipped_api):
+    """api.plan for the layout of `inputs` (a DecodeInputs), on `backend`; with `plan` (a planner.Plan) given,
+    that plan is swapped in for the one the planner chose."""
+    shape = inputs.shape
+    planned = api.plan(inputs.qo_indptr, inputs.kv_indptr, num_heads=shape.num_heads, device=inputs.q.device,
+                       kv_format=kv_format, max_q_len=shape.q_len, max_kv_len=shape.kv_len, backend=backend)
+    return planned if plan is None else dataclasses.replace(planned, plan=plan)
+
+
 def prepare(sets, kv_format, backend):
     """(run, note): run(i) decodes input set i into its output buffer; note is the plan the API chose."""
-    first = sets[0]
-    shape = first.shape
-    planned = api.plan(first.qo_indptr, first.kv_indptr, num_heads=shape.num_heads, device=first.q.device,
-                       kv_format=kv_format, max_q_len=shape.q_len, max_kv_len=shape.kv_len, backend=backend)
+    planned = plan_for(sets[0], kv_format, backend)
 
     def run(index):
         inputs = sets[index]

@@ -1,11 +1,11 @@
 // The fastest plain read of a byte range we can write on sm_90a: the protocol probe's "what reading these bytes
-// costs" (bench/protocol_floor.py), so a decode's time can be set against the read alone under eval.py's flush.
+// costs" (protocol_floor.py), so a decode's time can be set against the read alone under eval.py's flush.
 // Every thread keeps kLoadsInFlight 16-byte streaming loads outstanding over a grid-stride walk and folds them into
 // one word, stored only if it matches a value no input has (the load cannot be optimised away, nothing is written).
 // A chunked read has our decode's grid (one contiguous piece per CTA), and an empty kernel the launch alone, both
 // under the same timing.
 //
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -shared -Xcompiler -fPIC -o stream_read_sm90.so stream_read_sm90.cu
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -shared -Xcompiler -fPIC -o stream_read.so stream_read.cu
 #include <cuda_runtime.h>
 #include <stdint.h>
 

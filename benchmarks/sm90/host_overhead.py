@@ -11,44 +11,32 @@ host (perf_counter, median of --calls per layer):
   empty launch       - one launch of an empty kernel through ctypes: what any launch costs;
   graph replay       - DecodePlan.launch captured once in a CUDA graph, replayed: what a stack that captures
                        its decode step pays instead.
-    python3 bench/host_overhead.py [--calls 300]     (builds bench/stream_read_sm90.cu's library with nvcc first)
+    python3 -m benchmarks.sm90.host_overhead [--calls 300]     (builds stream_read.cu's library with nvcc first)
+Prints the table and writes it to benchmarks/results/host/raw.txt (--out: another folder).
 """
 import argparse
 import importlib
-import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from protocol_floor import build_probe, checked  # noqa: E402
-from reference import generate_input  # noqa: E402
+from reference import generate_input
 
-SHAPES = [(4, 1024), (4, 8192), (256, 8192)]   # the bf16 merged, fp8 merged and fp8 single-pass table entries
-BUSY_CYCLES_PER_CALL = 200_000                  # ~100 us of spin per call: far more than any call's host time
-CALLS_PER_SPIN = 50                             # launches queued behind one spin stay far below the queue's depth
+from ..provenance import publish
+from ..shapes import Shape
+from ..timing import BusyGpu, host_time_us
+from .protocol_floor import build_probe, checked
 
-
-def host_us(fn, calls):
-    """Median host time of fn() with the GPU busy throughout."""
-    times = []
-    for start in range(0, calls, CALLS_PER_SPIN):
-        torch.cuda._sleep(BUSY_CYCLES_PER_CALL * CALLS_PER_SPIN)
-        for _ in range(min(CALLS_PER_SPIN, calls - start)):
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(times)
+# the bf16 merged, fp8 merged and fp8 single-pass table entries
+SHAPES = (Shape(4, 1024), Shape(4, 8192), Shape(256, 8192))
+SPIN_US_PER_CALL = 100   # far more than any call's host time
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--out", help="folder for raw.txt (default: benchmarks/results/host/)")
     args = parser.parse_args()
     import submission
     from submission import custom_kernel
@@ -57,8 +45,10 @@ def main():
     layers = ("custom_kernel", "DecodePlan.run", "DecodePlan.launch", "C++ forward", "torch.empty", "empty launch",
               "graph replay")
     rows = []
-    for batch, kv_len in SHAPES:
-        data = generate_input(batchsize=batch, qseqlen=1, kvseqlen=kv_len, seed=1)
+    busy = BusyGpu("cuda")
+    for shape in SHAPES:
+        batch, kv_len = shape.batch, shape.kv_len
+        data = generate_input(batchsize=batch, qseqlen=shape.q_len, kvseqlen=kv_len, seed=1)
         q, kv_data, qo_indptr, kv_indptr, config = data
         custom_kernel(data)   # plans the layout (the first call's validation and sync)
         planned = next(p for key, p in entry._plans.items() if key[0] == batch and key[2] == kv_len)
@@ -82,14 +72,15 @@ def main():
             "graph replay": graph.replay,
         }
         plan = planned.plan
-        rows.append((f"{batch}x{kv_len} {plan.kv_format} s{plan.num_splits} {plan.variant or '-'}",
-                     [host_us(calls[name], args.calls) for name in layers]))
+        rows.append((f"{shape.label} {plan.kv_format} s{plan.num_splits} {plan.variant or '-'}",
+                     [host_time_us(lambda _, call=calls[name]: call(), args.calls, busy, SPIN_US_PER_CALL)
+                      for name in layers]))
         del data, q, kv_data, cache, out, forward_args, graph
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of {args.calls}, "
-          f"GPU kept busy")
-    print(f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers))
-    for name, values in rows:
-        print(f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values))
+    lines = [f"{torch.cuda.get_device_name()}, torch {torch.__version__}: host us per call, median of "
+             f"{args.calls}, GPU kept busy",
+             f"{'shape, plan':>28} " + " ".join(f"{name:>17}" for name in layers)]
+    lines += [f"{name:>28} " + " ".join(f"{v:17.2f}" for v in values) for name, values in rows]
+    publish(lines, "host", "raw", args.out)
 
 
 if __name__ == "__main__":

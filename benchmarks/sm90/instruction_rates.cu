@@ -3,8 +3,8 @@
 // keeps 8 independent chains of one instruction (its result fed back as its input), so latency is hidden and the
 // rate is the instruction's throughput. Cycles come from clock64 on the SM itself.
 //
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o .build/instruction_rates_sm90 bench/instruction_rates_sm90.cu
-//   .build/instruction_rates_sm90        (on the GPU; prints one line per instruction)
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o .build/instruction_rates benchmarks/sm90/instruction_rates.cu
+//   .build/instruction_rates        (on the GPU; prints one line per instruction)
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One H200 run: install the staged FlashInfer (stage_flashinfer.sh, carried as .whl/flashinfer), run the
 # autotuner when tools/autotune.py exists (it writes mixed_mla/tables/h200.json, which the bench's plans then
-# use), then the benchmark. Arguments go to tools/bench.py; AUTOTUNE_ARGS to the autotuner, bounded by
+# use), then the benchmark. Arguments go to `python -m benchmarks`; AUTOTUNE_ARGS to the autotuner, bounded by
 # AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs,
-# h200.json) go to $OUT.
-#   OUT=bench/results/h200 MLA_COMMIT=$(git rev-parse --short HEAD) bash tools/peers/run_on_h200.sh
+# h200.json) go to $OUT, by default benchmarks/results/peers/ (replaced).
+#   OUT=$OUT MLA_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/peers/run_on_h200.sh
 set -uo pipefail
-OUT=${OUT:-bench/results/h200}
+if [ -z "${OUT:-}" ]; then
+    OUT=benchmarks/results/peers
+    rm -rf "$OUT"
+fi
 STAGE=.whl/flashinfer
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
@@ -29,4 +32,4 @@ if [ "${AUTOTUNE:-1}" = 1 ] && [ -f tools/autotune.py ]; then
     # and the bench's build would wait on it forever.
     find ~/.cache/torch_extensions -name lock -delete 2>/dev/null
 fi
-python3 tools/bench.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+python3 -m benchmarks --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"

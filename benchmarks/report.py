@@ -4,7 +4,8 @@ sweep) and a PNG of the sweep (latency against kv length, one panel per batch si
 import math
 from collections import defaultdict
 
-from . import floor
+from . import floors
+from .shapes import Shape
 
 HOST_BOUND_MARK = "†"
 
@@ -52,7 +53,7 @@ def markdown(results) -> str:
                  f"over {env['copy_bandwidth_TBps']:.2f} TB/s, a device copy measured at the start of this run "
                  f"(PROBLEM.md: {env['reference_bandwidth_TBps']} TB/s).")
     lines.append("Kernel-level times: device events around one call, L2 flushed and the GPU kept busy before each "
-                 "call so host overhead is hidden, median over rotated input sets (tools/peers/timing.py). "
+                 "call so host overhead is hidden, median over rotated input sets (benchmarks/timing.py). "
                  f"{HOST_BOUND_MARK} = host-bound: the call's host time exceeded the spin (it syncs or launches "
                  "slowly), so its time includes launch gaps. Error = relative L2 against exact float64 attention "
                  "on the cache the implementation read (first, middle and last segment).")
@@ -178,8 +179,9 @@ def plot(results, path) -> None:
                            linewidth=2.2 if name in ours_names else 1.2,
                            linestyle="-" if name in ours_names else "--", label=name)
         for kv_format, shade in (("fp8", "0.45"), ("mxfp4", "0.7")):
-            floors = [floor.floor_us(floor.path_bytes(batch, 1, kv, 16, kv_format), bytes_per_s) for kv in kv_lens]
-            panel.plot(kv_lens, floors, color=shade, linestyle=":", linewidth=1.5, label=f"HBM floor {kv_format}")
+            floor_times = [floors.floor_us(floors.path_bytes(Shape(batch, kv), kv_format), bytes_per_s)
+                           for kv in kv_lens]
+            panel.plot(kv_lens, floor_times, color=shade, linestyle=":", linewidth=1.5, label=f"HBM floor {kv_format}")
         panel.set(xscale="log", yscale="log", title=f"batch {batch}", xlabel="kv length (tokens)",
                   ylabel="kernel time (µs)")
         panel.set_xticks(kv_lens, [str(kv) for kv in kv_lens])
