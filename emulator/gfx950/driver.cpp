@@ -150,7 +150,7 @@ extern "C" int emu_mfma_scale(const int32_t* a, const int32_t* b, int format_a, 
 }
 
 // One direct-to-LDS load of `size` bytes per lane from `src` (lane l reads src + size * l) into a poisoned LDS
-// buffer, retired by s_waitcnt vmcnt(0); `lds` receives the buffer's first `lds_len` bytes.
+// buffer, retired by s_waitcnt vmcnt(0) and a barrier; `lds` receives the buffer's first `lds_len` bytes.
 extern "C" int emu_load_lds(const uint8_t* src, long src_len, int size, uint8_t* lds, int lds_len, char* error,
                             int error_len) {
   using namespace mla_gfx950;
@@ -163,6 +163,7 @@ extern "C" int emu_load_lds(const uint8_t* src, long src_len, int size, uint8_t*
     const int l = lane_id();
     __builtin_amdgcn_global_load_lds((global_void*)(src + size * l), (lds_void*)buffer, size, 0, 0);
     MLA_WAIT_VMCNT(0);
+    barrier();
     if (l == 0) std::memcpy(lds, buffer, lds_len < 2048 ? lds_len : 2048);
   });
   return ok ? 0 : 1;

@@ -212,6 +212,10 @@ V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int op
   w.scale_a[l] = (scale_a >> (8 * opsel_a)) & 0xFF;
   w.scale_b[l] = (scale_b >> (8 * opsel_b)) & 0xFF;
   wave_sync();
+  // an fp8 operand's per-block scale lanes are below high confidence: only a wave-uniform scale is trusted
+  bool poisoned = false;
+  for (int i = 1; i < WAVE && mla_facts::FP8_SCALES_UNIFORM_ONLY; ++i)
+    poisoned |= (format_a != 4 && w.scale_a[i] != w.scale_a[0]) || (format_b != 4 && w.scale_b[i] != w.scale_b[0]);
   const int col = l % 16;
   double bcol[128];
   gather_operand(w.b, col, format_b, bcol);
@@ -226,7 +230,7 @@ V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int op
                            e8m0_value(w.scale_b[mla_facts::SCALE_LANE[kb][col]]);
       for (int k = 32 * kb; k < 32 * kb + 32; ++k) sum += arow[k] * bcol[k] * scale;
     }
-    d[r] = c[r] + (float)sum;
+    d[r] = poisoned ? NAN : c[r] + (float)sum;
   }
   return d;
 }

@@ -62,11 +62,20 @@ FACTS = (
           "(comment: 'with fp4 input, each lane takes 32 consecutive elements')",
           "Modular MAX docs: mxfp4_matmul_amd (16 contiguous bytes per lane, lane_chunk = lane / 16)"), "high"),
     Fact("mfma_scale_16x16x128.scale_lane",
-         "The e8m0 scale of row (A) / column (B) i and K block kb (32 values) is the byte picked by opsel from the "
-         "scale register of lane 16 * kb + i, whatever the operand format.", "16 * kblock + row",
+         "The e8m0 scale of row (A) / column (B) i and K block kb (32 values) of an fp4 operand is the byte picked "
+         "by opsel from the scale register of lane 16 * kb + i: the lane that holds those 32 values.",
+         "16 * kblock + row",
          ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (lane bases {0,1}..{0,8} "
-          "on the row, {1,0},{2,0} on the K block, for 16x16)", f"{ISA}, section 7.1.5.1"), "high",
-         bet_by="the mxfp4 variants give each (token, K block) scale in lane 16 * block + token; Q's scale is 1"),
+          "on the row, {1,0},{2,0} on the K block, for 16x16)", f"{ISA}, section 7.1.5.1",
+          "Modular MAX docs: mxfp4_matmul_amd ('the 64 scale values (16 rows x 4 K-groups) come from 64 lanes')"),
+         "high", bet_by="the mxfp4 variants give the scale of (token n, K block g) to lane 16 g + n"),
+    Fact("mfma_scale_16x16x128.fp8_scale_lane",
+         "For an fp8 operand, whose lanes hold values of two K blocks each, Triton uses the same lane map, but no "
+         "source read here exercises per-block fp8 scales.", "16 * kblock + row",
+         ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (one layout for every "
+          "type; comment: 'for mxfp6/mxfp8 ... 2 scale elements are required')",), "medium",
+         bet_by="none: the kernels give every fp8 operand the unit scale in every lane; the emulator returns NaN "
+                "for an fp8 operand whose scale bytes differ between lanes"),
     Fact("mfma_16x16.d_layout",
          "16x16 MFMA result (f32x4): lane l register r holds row 4 * (l / 16) + r, column l % 16.", (4, 16),
          (f"{ISA}, section 7.1 (MFMA output layout)",
@@ -163,6 +172,11 @@ def value(key: str, overrides=None):
     return overrides[key] if key in overrides else BY_KEY[key].value
 
 
+def uncertain(key: str) -> bool:
+    """Whether the emulator must be hostile where this fact applies: it is below high confidence."""
+    return BY_KEY[key].confidence != "high"
+
+
 def lane_k_map(runs) -> list:
     """[lane group][element] -> K, from a fact's runs (k_base, k_per_lane_group, length)."""
     return [[base + per_group * g + i for base, per_group, length in runs for i in range(length)] for g in range(4)]
@@ -204,6 +218,8 @@ def header(overrides=None) -> str:
         f"constexpr float E4M3_MAX = {e4m3['max']}f;",
         f"constexpr int E8M0_BIAS = {e8m0['bias']}, E8M0_NAN = {e8m0['nan']};",
         "constexpr float E2M1[8] = {" + ", ".join(f"{v}f" for v in value("e2m1", overrides)) + "};",
+        "// below high confidence: an fp8 operand's scales must be the same in every lane, else the result is NaN",
+        f"constexpr bool FP8_SCALES_UNIFORM_ONLY = {str(uncertain('mfma_scale_16x16x128.fp8_scale_lane')).lower()};",
         f"constexpr int BPERMUTE_BYTES_PER_LANE = {value('ds_bpermute_b32', overrides)};",
         f"constexpr int TRANSCENDENTAL_ULP = {value('v_exp_f32', overrides)['ulp']};",
         "}  // namespace mla_facts",
