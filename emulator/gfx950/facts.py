@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 ISA = "AMD Instinct CDNA4 ISA reference guide"
 TRITON_AMD = "triton-lang/triton third_party/amd"
+LLVM_AMDGPU = "llvm/llvm-project llvm/lib/Target/AMDGPU"
+CVT_SCALEF32_TEST = "llvm/llvm-project llvm/test/CodeGen/AMDGPU/llvm.amdgcn.cvt.scalef32.pk.ll"
 
 
 @dataclass(frozen=True)
@@ -32,10 +34,11 @@ class Fact:
 # after element, K = k_base + k_per_lane_group * g + i for i < length, run after run.
 FACTS = (
     Fact("wave_size", "A gfx950 wave has 64 lanes.", 64,
-         (f"{ISA}, wavefront description (64 work-items)", "llvm/llvm-project llvm/lib/Target/AMDGPU/AMDGPU.td (FeatureWavefrontSize64 for gfx9)"), "high"),
+         (f"{ISA}, wavefront description (64 work-items)",
+          f"{LLVM_AMDGPU}/AMDGPU.td (FeatureWavefrontSize64 for gfx9)"), "high"),
     Fact("lds_bytes_per_cu", "LDS is 160 KiB per CU, all of it addressable by one workgroup.", 160 * 1024,
          ("ROCm blog 'FP8 GEMM Optimization on AMD CDNA4 Architecture', table 1",
-          "llvm/llvm-project llvm/lib/Target/AMDGPU/AMDGPU.td (gfx950: FeatureAddressableLocalMemorySize163840)"), "high"),
+          f"{LLVM_AMDGPU}/AMDGPU.td (gfx950: FeatureAddressableLocalMemorySize163840)"), "high"),
     Fact("mfma_scale_16x16x128.ab_row",
          "v_mfma_scale_f32_16x16x128_f8f6f4: lane l holds row (A) / column (B) l % 16 of the operand.", 16,
          (f"{ISA}, section 7.1.5.1", f"{TRITON_AMD}: LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout",
@@ -45,7 +48,8 @@ FACTS = (
          "bytes 16-31 (two 16-value runs, not 32 contiguous values).",
          ((0, 16, 16), (64, 16, 16)),
          (f"{ISA}, section 7.1.5.1",
-          f"{TRITON_AMD}: AccelerateAMDMatmul.cpp (scaled MFMA operands get kWidth = 16 for every type)",
+          f"{TRITON_AMD}: AccelerateAMDMatmul.cpp ScaledBlockedToScaledMFMAF8F6F4 (operand kWidth = kBase / 2 = 16 "
+          "for every type)",
           "triton-lang/triton lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout "
           "(comment: 'for mxfp6/mxfp8, there are 2 16-consecutive elements blocks')",
           "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (fp8 example splits K at K/2)",
@@ -129,14 +133,14 @@ FACTS = (
          "v_cvt_scalef32_pk_bf16_fp8: bytes 2w, 2w+1 (w = word_sel) -> two bf16 (the lower byte first), each "
          "times the f32 scale.", {"select": "word"},
          ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8",
-          "llvm/llvm-project llvm/test/CodeGen/AMDGPU/llvm.amdgcn.cvt.scalef32.pk.ll", f"{ISA}, VOP3 conversion instructions"),
+          CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
          "high"),
     Fact("cvt_scalef32_pk_bf16_fp4",
          "v_cvt_scalef32_pk_bf16_fp4: byte b (b = byte_sel) -> two bf16, the low nibble first, each times the f32 "
          "scale. A scale whose exponent field is 0 (zero or subnormal, e.g. e8m0 byte 0 = 2^-127) is not pinned "
          "down by the sources.", {"select": "byte", "subnormal_scale": "poison"},
          ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4",
-          "llvm/llvm-project llvm/test/CodeGen/AMDGPU/llvm.amdgcn.cvt.scalef32.pk.ll", f"{ISA}, VOP3 conversion instructions"),
+          CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
          "high", bet_by="none: the self-check's and the problem's scales are normal (e8m0 byte 0 never occurs)"),
     Fact("cvt_pk_bf16_f32", "gfx950 converts f32 -> bf16 in hardware (v_cvt_pk_bf16_f32), round to nearest even.",
          "nearest_even",

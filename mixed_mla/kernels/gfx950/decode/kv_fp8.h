@@ -25,8 +25,8 @@ struct Fp8Cache {
   __device__ static v4f qk_step(const uint8_t* tile, int token, int step, int g, v8i q, v4f acc) {
     // The step's 32 contiguous values 32g..32g+31, in Q's order (Q_ORDER). Groups 2, 3 of the last step are the
     // padding dims 576..639: they re-read dims 512..575 of the same row, which meet Q's zeroed padding
-    // (load_q_fp8), so they add exact zeros. Selecting the address rather than
-    // the data keeps the step free of branches (a select on loaded data became a predicated read).
+    // (load_q_fp8), so they add exact zeros. Selecting the address rather than the data keeps the step free of
+    // branches (a select on loaded data became a predicated read).
     const int group = step < QK_STEPS - 1 || g < LAST_STEP_GROUPS ? g : g - LAST_STEP_GROUPS;
     const v4u* from = reinterpret_cast<const v4u*>(tile + token * FP8_ROW_BYTES + step * QK_STEP + group * K_GROUP);
     const v8i k = __builtin_bit_cast(v8i, __builtin_shufflevector(from[0], from[1], 0, 1, 2, 3, 4, 5, 6, 7));
