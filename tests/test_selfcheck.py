@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from mixed_mla import hip_twin, selfcheck
+from emulator.gfx950 import hip_twin
+from mixed_mla import selfcheck
 from mixed_mla.backends import torch_ref
 from mixed_mla.planner import Plan
 

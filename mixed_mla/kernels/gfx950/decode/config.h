@@ -1,5 +1,6 @@
-// Tile and layout constants of the gfx950 MLA decode kernels, named once. mixed_mla/hip_twin.py mirrors the ones
-// that shape the arithmetic (tile, Q scaling target, split rule); tests/test_hip_twin.py checks they agree.
+// Tile and layout constants of the gfx950 MLA decode kernels, named once. emulator/gfx950/hip_twin.py mirrors the
+// ones that shape the arithmetic (tile, Q scaling, split rule); tests/test_hip_twin.py checks they agree. The
+// hardware facts they rely on are cited in docs/gfx950.md (keys in brackets below).
 #pragma once
 
 namespace mla_gfx950 {
@@ -12,12 +13,27 @@ constexpr int WAVES = 4;               // one wave per SIMD of a CU
 constexpr int THREADS = WAVES * WAVE_SIZE;
 constexpr int TILE_TOKENS = 32;        // two 16-token MFMA blocks per tile
 
-// Q.K: v_mfma_scale_f32_16x16x128_f8f6f4. Lane l holds row l%16 and the 32 contiguous K values of group l/16.
+// Q.K: v_mfma_scale_f32_16x16x128_f8f6f4, lane l holds row l%16 of each operand, 32 values of K per lane.
 constexpr int QK_STEP = 128;
 constexpr int QK_STEPS = (QK_DIM + QK_STEP - 1) / QK_STEP;              // 5: 640 dims, the last 64 padded
+constexpr int LAST_STEP_K = QK_DIM - (QK_STEPS - 1) * QK_STEP;          // 64 real dims in the last step
 constexpr int K_GROUP = 32;                                             // K values per lane per step
-constexpr int LAST_STEP_GROUPS = (QK_DIM - (QK_STEPS - 1) * QK_STEP) / K_GROUP;  // 2 of 4 lane groups are real
+constexpr int LAST_STEP_GROUPS = LAST_STEP_K / K_GROUP;                 // 2 of 4 contiguous lane groups are real
 constexpr int E8M0_ONE = 127;          // unit block scale for operands that carry none
+
+// Where a lane's 32 K values of a step sit, for the two operand orders Q is packed in. An MFMA pairs the values
+// at the same (lane, element) slot of A and B, so K and Q must agree slot by slot:
+// - SameAsK (fp8 cache): K and Q are both fp8 and both read the step's 32 contiguous values 32g..32g+31 for lane
+//   group g. Whatever K order the hardware gives fp8 slots, both operands get the same one and the products pair
+//   up: this design is correct under any fp8 operand layout.
+// - Fp8Operand (mxfp4 cache): K is fp4, which holds the contiguous values 32g..32g+31 [mfma_scale_16x16x128.fp4_k];
+//   Q is fp8, whose bytes 0-15 are K 16g..16g+15 and bytes 16-31 K 64+16g..64+16g+15
+//   [mfma_scale_16x16x128.fp8_k]. Q is packed in that hardware order, so this design bets on that fact.
+enum class QOrder { SameAsK, Fp8Operand };
+// First of the 8 consecutive K values (from the step's start) in chunk c (dwords 2c, 2c+1) of lane group g.
+constexpr int q_chunk_k(QOrder order, int g, int c) {
+  return order == QOrder::SameAsK ? K_GROUP * g + 8 * c : QK_STEP / 2 * (c / 2) + K_GROUP / 2 * g + 8 * (c % 2);
+}
 
 // P.V: v_mfma_f32_16x16x32_bf16, 4 waves x 128 dims; a lane owns 8 consecutive dims of each of its 4 heads.
 constexpr int V_DIMS_PER_WAVE = V_DIM / WAVES;                          // 128
@@ -27,6 +43,11 @@ constexpr int PV_TOKENS_PER_LANE = 8;                                   // K of 
 // In-kernel Q quantisation: each (row, head) is scaled by a power of two 2^s putting its amax in [128, 256),
 // so the scaling is exact, nothing saturates (448 is the e4m3 max) and the fp8 rounding is the only error.
 constexpr int Q_AMAX_EXPONENT = 8;     // frexp exponent of the scaled amax: amax * 2^s = m * 2^8, m in [0.5, 1)
+// s is capped so that 2^s, 2^-s and the score multiplier stay finite normal floats (2^128 overflows
+// [v_ldexp_f32]): a head with amax below 2^-56 is scaled less than [128, 256) and loses its smallest values to
+// e4m3's subnormals, but its scores (|k| <= 512) are then below 2^-40 and vanish next to the softmax's exp2(0) = 1 anyway.
+// An all-zero head has frexp exponent 0 [v_frexp_exp_i32_f32], so s = 8: finite too.
+constexpr int Q_MAX_SHIFT = 64;
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -45,12 +66,19 @@ constexpr int FP4_BLOCK = 32;
 constexpr int FP4_SCALE_ROW_BYTES = 24;                                 // the generator pads 18 scales to 24
 constexpr int FP4_PACKED_TILE_BYTES = TILE_TOKENS * FP4_ROW_BYTES;      // 9216 = 9 chunks
 constexpr int FP4_PACKED_TILE_CHUNKS = FP4_PACKED_TILE_BYTES / LOAD_CHUNK_BYTES;
-constexpr int FP4_SCALE_TILE_BYTES = TILE_TOKENS * FP4_SCALE_ROW_BYTES; // 768 = one dwordx3 wave load
-constexpr int FP4_TILE_BYTES = FP4_PACKED_TILE_BYTES + FP4_SCALE_TILE_BYTES;
+// A tile's 32 scale rows are 64 pieces of 12 bytes, one dwordx3 wave load. Such a load puts lane l's 12 bytes in
+// a 16-byte LDS slot at 16 * l and leaves the slot's 4th dword unwritten [global_load_lds.placement], so the
+// region is 64 slots (1 KiB, not 768 bytes) and row r's scale b is byte b % 12 of slot 2r + b / 12.
+constexpr int FP4_SCALE_PIECE_BYTES = 12;
+constexpr int FP4_SCALE_SLOT_BYTES = 16;
+constexpr int FP4_SCALE_PIECES_PER_ROW = FP4_SCALE_ROW_BYTES / FP4_SCALE_PIECE_BYTES;                  // 2
+constexpr int FP4_SCALE_TILE_BYTES = TILE_TOKENS * FP4_SCALE_PIECES_PER_ROW * FP4_SCALE_SLOT_BYTES;  // 1024
+constexpr int FP4_TILE_BYTES = FP4_PACKED_TILE_BYTES + FP4_SCALE_TILE_BYTES;                          // 10240
 
 // Occupancy variants: workgroups per CU. With 4 waves a workgroup puts one wave on each SIMD, so the target is
-// also waves per SIMD: registers per lane <= 512 / occ. Buffers: occ4 single (18 KiB fp8), occ3 double
-// (36 KiB), occ2 triple (54 KiB, loads two tiles ahead); 160 KiB LDS per CU holds all of them at their target.
+// also waves per SIMD: registers per lane <= 512 / occ. Buffers: occ4 single, occ3 double, occ2 triple (loads two
+// tiles ahead). LDS per workgroup (fp8 / mxfp4): occ4 28 / 20 KiB (with Q's 10 KiB), occ3 36 / 20 KiB, occ2
+// 54 / 30 KiB; 160 KiB per CU [lds_bytes_per_cu] holds every variant at its target.
 constexpr int buffers_for_occupancy(int occ) { return occ == 4 ? 1 : occ == 3 ? 2 : 3; }
 
 // Where the fp8 Q operands live during the tile loop. In registers they take 40 of a lane's registers; at occ4

@@ -10,6 +10,7 @@ namespace mla_gfx950 {
 struct Fp8Cache {
   static constexpr int TILE_BYTES = FP8_TILE_BYTES;
   static constexpr int TILE_CHUNKS = FP8_TILE_CHUNKS;
+  static constexpr QOrder Q_ORDER = QOrder::SameAsK;  // fp8 on both sides: independent of the fp8 operand layout
 
   // V is converted exactly (e4m3 fits bf16), so the per-tensor scale is applied once, to the output.
   __device__ static float value_scale(const DecodeParams& p) { return *p.kv_scale; }
@@ -22,9 +23,10 @@ struct Fp8Cache {
   }
 
   __device__ static v4f qk_step(const uint8_t* tile, int token, int step, int g, v8i q, v4f acc) {
-    // Groups 2, 3 of the last step are the padding dims 576..639: they re-read dims 512..575 of the same row,
-    // which meet Q's zeroed padding (load_q_fp8), so they add exact zeros. Selecting the address rather than
-    // the data keeps the step free of branches (a select on loaded data became a predicated read).
+    // The step's 32 contiguous values 32g..32g+31, in Q's order (Q_ORDER). Groups 2, 3 of the last step are the
+    // padding dims 576..639: they re-read dims 512..575 of the same row, which meet Q's zeroed padding
+    // (load_q_fp8), so they add exact zeros. Selecting the address rather than the data keeps the step free of
+    // branches (a select on loaded data became a predicated read).
     const int group = step < QK_STEPS - 1 || g < LAST_STEP_GROUPS ? g : g - LAST_STEP_GROUPS;
     const v4u* from = reinterpret_cast<const v4u*>(tile + token * FP8_ROW_BYTES + step * QK_STEP + group * K_GROUP);
     const v8i k = __builtin_bit_cast(v8i, __builtin_shufflevector(from[0], from[1], 0, 1, 2, 3, 4, 5, 6, 7));

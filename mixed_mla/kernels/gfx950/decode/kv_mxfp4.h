@@ -11,7 +11,8 @@ namespace mla_gfx950 {
 
 struct Mxfp4Cache {
   static constexpr int TILE_BYTES = FP4_TILE_BYTES;
-  static constexpr int TILE_CHUNKS = FP4_PACKED_TILE_CHUNKS + 1;  // + the tile's 768 scale bytes
+  static constexpr int TILE_CHUNKS = FP4_PACKED_TILE_CHUNKS + 1;  // + the tile's scale rows
+  static constexpr QOrder Q_ORDER = QOrder::Fp8Operand;            // fp8 Q against contiguous fp4 K (config.h)
 
   __device__ static float value_scale(const DecodeParams&) { return 1.0f; }
 
@@ -21,21 +22,29 @@ struct Mxfp4Cache {
       const int64_t at = tile_piece_offset(chunk * LOAD_CHUNK_BYTES + lane * 16, FP4_ROW_BYTES, first_row, rows_end);
       __builtin_amdgcn_global_load_lds((global_void*)(p.kv + at),
                                        (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
-    } else {  // scale rows are 24 bytes (checked by the binding): 32 rows = 64 lanes x 12 bytes
-      const int64_t at = tile_piece_offset(lane * 12, FP4_SCALE_ROW_BYTES, first_row, rows_end);
+    } else {  // scale rows are 24 bytes (checked by the binding): 32 rows = 64 lanes x 12 bytes, in 16-byte slots
+      const int64_t at = tile_piece_offset(lane * FP4_SCALE_PIECE_BYTES, FP4_SCALE_ROW_BYTES, first_row, rows_end);
       __builtin_amdgcn_global_load_lds((global_void*)(p.kv_block_scales + at),
-                                       (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES), 12, 0, 0);
+                                       (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES), FP4_SCALE_PIECE_BYTES, 0, 0);
     }
   }
 
+  // e8m0 scale `block` of tile row `token`: byte block % 12 of the row's piece block / 12 (config.h).
+  __device__ static int scale_byte(const uint8_t* tile, int token, int block) {
+    const int piece = token * FP4_SCALE_PIECES_PER_ROW + block / FP4_SCALE_PIECE_BYTES;
+    return tile[FP4_PACKED_TILE_BYTES + piece * FP4_SCALE_SLOT_BYTES + block % FP4_SCALE_PIECE_BYTES];
+  }
+
   __device__ static v4f qk_step(const uint8_t* tile, int token, int step, int g, v8i q, v4f acc) {
-    // Groups 2, 3 of the last step are the padding blocks 18, 19, whose scale bytes in the cache are
-    // uninitialised: they re-read blocks 16, 17 of the same row (real data, real scales), which meet Q's zeroed
-    // padding (load_q_fp8) and add exact zeros. The address is selected, not the data: no branch.
+    // Lane group g holds the step's values 32g..32g+31 and their block's scale (the hardware's fp4 order and
+    // scale lane, docs/gfx950.md). Groups 2, 3 of the last step are the padding blocks 18, 19, whose scale bytes
+    // in the cache are uninitialised: they re-read blocks 16, 17 of the same row (real data, real scales), which
+    // meet Q's zeroed padding (bytes 16-31 of every lane in the last step: load_q_fp8) and add exact zeros. The
+    // address is selected, not the data: no branch.
     const int group = step < QK_STEPS - 1 || g < LAST_STEP_GROUPS ? g : g - LAST_STEP_GROUPS;
     const v4u packed = *reinterpret_cast<const v4u*>(tile + token * FP4_ROW_BYTES + (step * QK_STEP + group * K_GROUP) / 2);
     const v8i k = __builtin_bit_cast(v8i, __builtin_shufflevector(packed, v4u{0u, 0u, 0u, 0u}, 0, 1, 2, 3, 4, 5, 6, 7));
-    const int scale = tile[FP4_PACKED_TILE_BYTES + token * FP4_SCALE_ROW_BYTES + step * (QK_STEP / FP4_BLOCK) + group];
+    const int scale = scale_byte(tile, token, step * (QK_STEP / FP4_BLOCK) + group);
     return __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(k, q, acc, /*A fp4*/ 4, /*B fp8*/ 0,
                                                             0, scale, 0, E8M0_ONE);
   }
@@ -45,7 +54,7 @@ struct Mxfp4Cache {
   static constexpr int V_RAW_WORDS = 2;
   __device__ static void v_raw(const uint8_t* tile, int token, int dim, unsigned out[V_RAW_WORDS]) {
     out[0] = *reinterpret_cast<const unsigned*>(tile + token * FP4_ROW_BYTES + dim / 2);
-    const unsigned e = tile[FP4_PACKED_TILE_BYTES + token * FP4_SCALE_ROW_BYTES + dim / FP4_BLOCK];
+    const unsigned e = scale_byte(tile, token, dim / FP4_BLOCK);
     out[1] = e ? e << 23 : 0x00400000u;
   }
   template <int K>

@@ -8,7 +8,8 @@
 // 0-2 tiles ahead.
 //
 // Lane roles (n = lane % 16, g = lane / 16):
-//   Q.K:  A = K rows (token n of a 16-token block, K values 32g..32g+31 of the step), B = Q (head n, same K).
+//   Q.K:  A = K rows (token n of a 16-token block), B = Q (head n), the step's K values placed as config.h's
+//         QOrder says (the same slots on both sides).
 //         The result gives lane (n, g) the scores of head n for tokens 4g+i and 16+4g+i, i = 0..3.
 //   P.V:  A = P (head n, those same 8 tokens: the MFMA's K index (g, j) is token 4g+j, then 16+4g+j-4), so the
 //         score registers ARE the A operand and no data moves between lanes; B = V of the same tokens at value
@@ -62,13 +63,17 @@ struct QFragment {
 __device__ inline float bf16_lo(unsigned w) { return __builtin_bit_cast(float, w << 16); }
 __device__ inline float bf16_hi(unsigned w) { return __builtin_bit_cast(float, w & 0xFFFF0000u); }
 
+// Chunk c of lane group g's Q operand for one step, in `order` (config.h): 8 bf16. The padding dims 576..639 of
+// the last step read real dims 64 earlier (any address inside the row would do) and are zeroed.
+template <QOrder order>
 __device__ inline v4u load_q_chunk(const uint16_t* src, int step, int g, int c) {
-  const bool real = step < QK_STEPS - 1 || g < LAST_STEP_GROUPS;  // dims 576..639 are padding: read 512.., zero
-  const int group = real ? g : g - LAST_STEP_GROUPS;
-  const v4u raw = reinterpret_cast<const v4u*>(src + step * QK_STEP + group * K_GROUP)[c];
+  const int k = q_chunk_k(order, g, c);
+  const bool real = step < QK_STEPS - 1 || k < LAST_STEP_K;
+  const v4u raw = *reinterpret_cast<const v4u*>(src + step * QK_STEP + (real ? k : k - LAST_STEP_K));
   return real ? raw : v4u{0u, 0u, 0u, 0u};
 }
 
+template <QOrder order>
 __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, int g) {
   const uint16_t* src = p.q + (int64_t)t * p.q_row_stride + (int64_t)head * p.q_head_stride;
   // Two passes over the (L2-resident) row: holding all 80 raw words across the amax would double the live
@@ -78,7 +83,7 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   for (int s = 0; s < QK_STEPS; ++s)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const v4u raw = load_q_chunk(src, s, g, c);
+      const v4u raw = load_q_chunk<order>(src, s, g, c);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         amax = __builtin_fmaxf(amax, __builtin_fmaxf(__builtin_fabsf(bf16_lo(raw[e])), __builtin_fabsf(bf16_hi(raw[e]))));
@@ -86,7 +91,7 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   asm volatile("" ::: "memory");  // keeps the second pass's loads from being merged with the first's
   amax = __builtin_fmaxf(amax, lane_xor(amax, 16));  // lanes n, n+16, n+32, n+48 hold the same head
   amax = __builtin_fmaxf(amax, lane_xor(amax, 32));
-  const int shift = Q_AMAX_EXPONENT - __builtin_amdgcn_frexp_expf(amax);
+  const int shift = min_int(Q_AMAX_EXPONENT - __builtin_amdgcn_frexp_expf(amax), Q_MAX_SHIFT);
   const float scale = __builtin_amdgcn_ldexpf(1.0f, shift);
   QFragment q;
   q.inv_scale = __builtin_amdgcn_ldexpf(1.0f, -shift);
@@ -94,7 +99,7 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   for (int s = 0; s < QK_STEPS; ++s)
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const v4u raw = load_q_chunk(src, s, g, c);
+      const v4u raw = load_q_chunk<order>(src, s, g, c);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // 4 bf16 in two words -> 4 fp8 in one word
         const unsigned a = raw[2 * h], b = raw[2 * h + 1];
@@ -181,7 +186,7 @@ __device__ inline void stage1(const DecodeParams& p) {
     for (int k = 0; k < NB - 1 && k < count; ++k)
       issue_tile<Cache>(p, lds + k * Cache::TILE_BYTES, rw.kv_begin + (tile_begin + k) * TILE_TOKENS,
                         rows_end, wave, lane);
-    const QFragment q = load_q_fp8(p, t, head_group * HEAD_GROUP + n, g);
+    const QFragment q = load_q_fp8<Cache::Q_ORDER>(p, t, head_group * HEAD_GROUP + n, g);
     const float mult = q.inv_scale * Cache::value_scale(p) * p.sm_scale_log2;
     if (Q_IN_LDS && wave == 0)  // read after the first tile's barrier
 #pragma unroll

@@ -1,8 +1,10 @@
 """Numerics twin of the gfx950 kernels: their arithmetic, in their order, in torch on any device.
 
 No AMD GPU is at hand, so this emulation is the evidence that the kernels' algorithm and rounding choices meet the
-strict bound (tests/test_hip_twin.py). It follows kernels/gfx950/decode/ step by step:
-- Q per (row, head) scaled by the power of two 2^s that puts its amax in [128, 256) (exact), rounded to e4m3;
+strict bound (tests/test_hip_twin.py). It is test equipment, not shipped. It follows
+mixed_mla/kernels/gfx950/decode/ step by step:
+- Q per (row, head) scaled by the power of two 2^s that puts its amax in [128, 256) (exact; s capped at
+  Q_MAX_SHIFT), rounded to e4m3;
   the scores are multiplied back by 2^-s * value_scale * sm_scale * log2(e), in that float32 order.
 - K as the cache stores it: fp8 values unscaled (the per-tensor scale is in the multiplier), or mxfp4 values times
   their e8m0 block scale (the MFMA's hardware scale). Q.K accumulates in float32.
@@ -16,12 +18,13 @@ import math
 
 import torch
 
-from .constants import QK_HEAD_DIM, V_HEAD_DIM
-from .formats import FP8_DTYPE, dequantize_mxfp4
+from mixed_mla.constants import QK_HEAD_DIM, V_HEAD_DIM
+from mixed_mla.formats import FP8_DTYPE, dequantize_mxfp4
 
-# Mirrors of kernels/gfx950/decode/config.h (tests/test_hip_twin.py checks that they agree).
+# Mirrors of mixed_mla/kernels/gfx950/decode/config.h (tests/test_hip_twin.py checks that they agree).
 TILE_TOKENS = 32
 Q_AMAX_EXPONENT = 8
+Q_MAX_SHIFT = 64
 LOG2E = 1.4426950408889634
 FP8_MAX = 448.0
 
@@ -36,7 +39,7 @@ def quantize_q(q: torch.Tensor, scaled: bool = True):
     if not scaled:
         return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(torch.float32), torch.ones(x.shape[:2])
     _, exponent = torch.frexp(x.abs().amax(dim=-1))   # amax = m * 2^e, m in [0.5, 1); 0 -> e = 0
-    shift = Q_AMAX_EXPONENT - exponent
+    shift = (Q_AMAX_EXPONENT - exponent).clamp(max=Q_MAX_SHIFT)
     q8 = torch.ldexp(x, shift.unsqueeze(-1)).to(FP8_DTYPE).to(torch.float32)
     return q8, torch.ldexp(torch.ones_like(x[..., 0]), -shift)
 

@@ -1,0 +1,170 @@
+// Runs the gfx950 decode kernels on CPU (emulation.h): one workgroup at a time, one fiber per lane, LDS poisoned
+// before each workgroup. Built and called through ctypes by emulator/gfx950/lanes.py; test equipment only.
+// Besides the decode, two probes run a single builtin on one wave, so tests can compare the emulator with the
+// fact base directly.
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+#include "stage1_fp8_occ2.hip"
+#include "stage1_fp8_occ3.hip"
+#include "stage1_fp8_occ4.hip"
+#include "stage1_mxfp4_occ2.hip"
+#include "stage1_mxfp4_occ3.hip"
+#include "stage1_mxfp4_occ4.hip"
+#include "merge.hip"
+
+namespace mla_emu {
+Group* group = nullptr;
+Lane* current = nullptr;
+ucontext_t scheduler;
+long progress = 0;
+}  // namespace mla_emu
+
+// The host compiler lowers the kernels' (__bf16) casts to this libgcc/compiler-rt routine, which the shared
+// library does not link: round to nearest even, as gfx950's v_cvt_pk_bf16_f32.
+extern "C" __bf16 __truncsfbf2(float x) { return __builtin_bit_cast(__bf16, mla_emu::bf16_bits(x)); }
+
+namespace {
+
+constexpr size_t STACK_BYTES = 256 * 1024;
+
+struct Fibers {
+  std::vector<mla_emu::Lane> lanes;
+  std::vector<char> stacks;
+  explicit Fibers(int n) : lanes(n), stacks(STACK_BYTES * n) {}
+};
+
+std::function<void()>* lane_body = nullptr;
+
+void lane_entry() {
+  (*lane_body)();
+  mla_emu::current->finished = true;
+}
+
+// Runs `body` on `threads` lanes of the current group; false on a recorded error or a deadlock.
+bool run_group(Fibers& f, int threads, std::function<void()> body) {
+  using namespace mla_emu;
+  group->sync = Barrier{};
+  group->sync.n = threads;
+  for (int w = 0; w < MAX_WAVES; ++w) {
+    group->waves[w].sync = Barrier{};
+    group->waves[w].sync.n = WAVE;
+  }
+  std::memset(__start_mla_emu_lds, POISON, __stop_mla_emu_lds - __start_mla_emu_lds);
+  lane_body = &body;
+  for (int t = 0; t < threads; ++t) {
+    Lane& lane = f.lanes[t];
+    lane.index = t;
+    lane.collectives = 0;
+    lane.pending.clear();
+    lane.finished = false;
+    getcontext(&lane.context);
+    lane.context.uc_stack.ss_sp = f.stacks.data() + STACK_BYTES * t;
+    lane.context.uc_stack.ss_size = STACK_BYTES;
+    lane.context.uc_link = &scheduler;
+    makecontext(&lane.context, lane_entry, 0);
+  }
+  for (int live = threads; live > 0;) {
+    const long before = progress;
+    for (int t = 0; t < threads; ++t) {
+      Lane& lane = f.lanes[t];
+      if (lane.finished) continue;
+      current = &lane;
+      swapcontext(&scheduler, &lane.context);
+      if (lane.finished) {
+        --live;
+        ++progress;
+      }
+    }
+    if (live > 0 && progress == before) {
+      fail("deadlock: a barrier that not every lane reaches", nullptr);
+      return false;
+    }
+  }
+  return !group->error[0];
+}
+
+typedef void (*Kernel)(mla_gfx950::DecodeParams);
+
+bool run_grid(Fibers& f, Kernel kernel, const mla_gfx950::DecodeParams& p, int gx, int gy, int gz, int threads) {
+  for (int z = 0; z < gz; ++z)
+    for (int y = 0; y < gy; ++y)
+      for (int x = 0; x < gx; ++x) {
+        mla_emu::group->block[0] = x;
+        mla_emu::group->block[1] = y;
+        mla_emu::group->block[2] = z;
+        if (!run_group(f, threads, [kernel, &p] { kernel(p); })) return false;
+      }
+  return true;
+}
+
+struct GroupScope {  // a fresh Group for one call, with its error text copied out at the end
+  mla_emu::Group* g = new mla_emu::Group();
+  char* error;
+  int error_len;
+  GroupScope(char* e, int n) : error(e), error_len(n) { mla_emu::group = g; }
+  ~GroupScope() {
+    snprintf(error, error_len, "%s", g->error);
+    delete g;
+    mla_emu::group = nullptr;
+  }
+};
+
+}  // namespace
+
+extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, int occupancy, const void* kv,
+                          long kv_bytes, const void* scales, long scale_bytes, char* error, int error_len) {
+  using namespace mla_gfx950;
+  static const Kernel kernels[2][3] = {{stage1_fp8_occ2, stage1_fp8_occ3, stage1_fp8_occ4},
+                                       {stage1_mxfp4_occ2, stage1_mxfp4_occ3, stage1_mxfp4_occ4}};
+  GroupScope scope(error, error_len);
+  scope.g->range_lo[0] = static_cast<const uint8_t*>(kv);
+  scope.g->range_hi[0] = scope.g->range_lo[0] + kv_bytes;
+  scope.g->range_lo[1] = static_cast<const uint8_t*>(scales);
+  scope.g->range_hi[1] = scope.g->range_lo[1] + scale_bytes;
+  Fibers fibers(THREADS);
+  const DecodeParams& p = *params;
+  bool ok = run_grid(fibers, kernels[format][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
+                     THREADS);
+  if (ok && p.num_splits > 1) ok = run_grid(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
+  return ok ? 0 : 1;
+}
+
+// One v_mfma_scale_f32_16x16x128_f8f6f4 on one wave: a, b [64][8] operand registers, scales [64], d [64][4].
+extern "C" int emu_mfma_scale(const int32_t* a, const int32_t* b, int format_a, int format_b, const int32_t* scale_a,
+                              const int32_t* scale_b, float* d, char* error, int error_len) {
+  using namespace mla_gfx950;
+  GroupScope scope(error, error_len);
+  Fibers fibers(WAVE_SIZE);
+  const bool ok = run_group(fibers, WAVE_SIZE, [=] {
+    const int l = lane_id();
+    v8i va, vb;
+    for (int k = 0; k < 8; ++k) { va[k] = a[8 * l + k]; vb[k] = b[8 * l + k]; }
+    const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+    const v4f r = __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(va, vb, zero, format_a, format_b, 0, scale_a[l],
+                                                                   0, scale_b[l]);
+    for (int k = 0; k < 4; ++k) d[4 * l + k] = r[k];
+  });
+  return ok ? 0 : 1;
+}
+
+// One direct-to-LDS load of `size` bytes per lane from `src` (lane l reads src + size * l) into a poisoned LDS
+// buffer, retired by s_waitcnt vmcnt(0) and a barrier; `lds` receives the buffer's first `lds_len` bytes.
+extern "C" int emu_load_lds(const uint8_t* src, long src_len, int size, uint8_t* lds, int lds_len, char* error,
+                            int error_len) {
+  using namespace mla_gfx950;
+  GroupScope scope(error, error_len);
+  scope.g->range_lo[0] = scope.g->range_lo[1] = src;
+  scope.g->range_hi[0] = scope.g->range_hi[1] = src + src_len;
+  Fibers fibers(WAVE_SIZE);
+  const bool ok = run_group(fibers, WAVE_SIZE, [=] {
+    __shared__ uint8_t buffer[2048];
+    const int l = lane_id();
+    __builtin_amdgcn_global_load_lds((global_void*)(src + size * l), (lds_void*)buffer, size, 0, 0);
+    MLA_WAIT_VMCNT(0);
+    barrier();
+    if (l == 0) std::memcpy(lds, buffer, lds_len < 2048 ? lds_len : 2048);
+  });
+  return ok ? 0 : 1;
+}

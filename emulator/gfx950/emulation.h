@@ -1,0 +1,360 @@
+// CPU lane-level emulation of the HIP names and amdgcn builtins the gfx950 kernels use (the kernels' prelude.h
+// includes this when MLA_CPU_EMULATION is defined). Test equipment, never shipped: every lane of a workgroup is a
+// fiber running the unchanged kernel source, so its indexing, lane roles, masking, tiling, split and merge logic
+// execute for real against exact attention (tests/test_hip_twin.py, tests/test_isa_*.py).
+//
+// Every hardware behaviour comes from isa_facts.h, which emulator/gfx950/facts.py writes from the cited fact base:
+// MFMA operand, scale and result lane maps, direct-to-LDS placement, the s_waitcnt encoding, number formats.
+// Nothing here is taken from the kernel headers, so a kernel built on a wrong assumption computes wrong numbers.
+// The emulation is hostile wherever the hardware result is undefined or a fact is uncertain: LDS starts as
+// poison (0xFF bytes: NaN as fp8, e8m0, bf16 and f32); a direct-to-LDS destination is poison from the load's issue
+// until the s_waitcnt that retires it, and a 12-byte load's unwritten 4th dword stays poison; conversions outside
+// what the sources pin down return NaN; transcendental results are off by the 1 ulp the ISA allows. Lanes are
+// cooperative fibers on one OS thread (a barrier is a switch, not a futex), and a barrier that not every lane
+// reaches is reported as a deadlock.
+#pragma once
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+
+#include "isa_facts.h"
+
+#define __global__
+#define __device__
+#define __host__
+// Every __shared__ array lives in one section, so the emulator can poison all LDS and bound direct-to-LDS writes.
+#define __shared__ static __attribute__((section("mla_emu_lds")))
+
+extern "C" uint8_t __start_mla_emu_lds[], __stop_mla_emu_lds[];
+
+namespace mla_emu {
+
+using mla_facts::WAVE;
+constexpr int MAX_WAVES = 4;
+constexpr uint8_t POISON = 0xFF;
+
+struct PendingCopy {
+  uint8_t* dst;
+  const uint8_t* src;
+  int bytes;
+};
+
+struct Lane {
+  ucontext_t context;
+  int index = 0;                    // thread index in the workgroup
+  unsigned collectives = 0;         // collectives entered: picks the exchange set
+  std::deque<PendingCopy> pending;  // direct-to-LDS loads in flight, oldest first
+  bool finished = false;
+};
+
+extern Lane* current;
+extern ucontext_t scheduler;
+extern long progress;  // barriers completed and lanes finished: the scheduler's deadlock check
+
+inline void yield() { swapcontext(&current->context, &scheduler); }
+
+struct Barrier {
+  int n = 0, count = 0;
+  long generation = 0;
+  void wait() {
+    const long g = generation;
+    if (++count == n) {
+      count = 0;
+      ++generation;
+      ++progress;
+    } else {
+      while (generation == g) yield();
+    }
+  }
+};
+
+// What the lanes of one wave exchange in a collective builtin. Two sets, used alternately: a lane can only
+// rewrite a set after every lane has passed the barrier of the collective that used the other one.
+struct Exchange {
+  int32_t word[WAVE];
+  const void* pointer[WAVE];
+  int32_t a[WAVE][8], b[WAVE][8];
+  int32_t scale_a[WAVE], scale_b[WAVE];
+};
+
+struct WaveSlots {
+  Barrier sync;
+  Exchange sets[2];
+};
+
+struct Group {
+  Barrier sync;
+  WaveSlots waves[MAX_WAVES];
+  int block[3];
+  const uint8_t* range_lo[2];  // valid global ranges for direct-to-LDS loads
+  const uint8_t* range_hi[2];
+  char error[256];
+};
+
+extern Group* group;
+
+inline int lane() { return current->index % WAVE; }
+inline WaveSlots& wave_slots() { return group->waves[current->index / WAVE]; }
+inline Exchange& exchange() { return wave_slots().sets[current->collectives++ & 1]; }
+inline void wave_sync() { wave_slots().sync.wait(); }
+
+inline void fail(const char* what, const void* address) {
+  if (!group->error[0])
+    snprintf(group->error, sizeof group->error, "%s (address %p, lane %d)", what, address, current->index);
+}
+
+// ----- number formats (isa_facts.h: e4m3fn, e2m1, e8m0) -----
+inline float e4m3_decode(uint8_t code) {
+  const int sign = code >> 7, exponent = (code >> 3) & 0xF, mantissa = code & 7;
+  if (exponent == 0xF && mantissa == 7) return NAN;
+  const float magnitude = exponent ? std::ldexp(1.0f + mantissa / 8.0f, exponent - mla_facts::E4M3_BIAS)
+                                   : std::ldexp(mantissa / 8.0f, 1 - mla_facts::E4M3_BIAS);
+  return sign ? -magnitude : magnitude;
+}
+
+struct CodeTables {  // every e4m3 and e8m0 code decoded once
+  float e4m3[256];
+  double e8m0[256];
+  CodeTables() {
+    for (int c = 0; c < 256; ++c) {
+      e4m3[c] = e4m3_decode((uint8_t)c);
+      e8m0[c] = c == mla_facts::E8M0_NAN ? NAN : std::ldexp(1.0, c - mla_facts::E8M0_BIAS);
+    }
+  }
+};
+inline const CodeTables code_tables;
+
+inline float e4m3_value(uint8_t code) { return code_tables.e4m3[code]; }
+
+inline float e2m1_value(uint8_t code) { return (code & 8) ? -mla_facts::E2M1[code & 7] : mla_facts::E2M1[code & 7]; }
+
+inline double e8m0_value(int e) { return code_tables.e8m0[e & 0xFF]; }
+
+// Round to nearest e4m3fn, ties to the even code. Out of range the sources do not pin the result down: poison.
+inline uint8_t e4m3_code(float x) {
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  if (std::isnan(x) || std::fabs(x) > mla_facts::E4M3_MAX) return sign | 0x7F;
+  const float a = std::fabs(x);
+  int lo = 0, hi = 0x7E;  // codes 0..0x7E are the finite magnitudes in increasing order
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (e4m3_value((uint8_t)mid) <= a) lo = mid; else hi = mid;
+  }
+  const float dlo = a - e4m3_value((uint8_t)lo), dhi = e4m3_value((uint8_t)hi) - a;
+  const int best = dlo < dhi ? lo : dhi < dlo ? hi : ((lo & 1) ? hi : lo);
+  return (uint8_t)(sign | best);
+}
+
+// f32 -> bf16 bits, round to nearest even (gfx950's hardware conversion); NaN stays NaN.
+inline uint16_t bf16_bits(float x) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, x);
+  if (std::isnan(x)) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// ----- wave collectives -----
+template <class T>
+T exchange_first(T v) {
+  Exchange& w = exchange();
+  w.word[lane()] = __builtin_bit_cast(int32_t, v);
+  wave_sync();
+  return __builtin_bit_cast(T, w.word[0]);
+}
+
+inline int bpermute(int address, int data) {
+  Exchange& w = exchange();
+  w.word[lane()] = data;
+  wave_sync();
+  return w.word[(address / mla_facts::BPERMUTE_BYTES_PER_LANE) & (WAVE - 1)];
+}
+
+inline uint8_t operand_byte(const int32_t* reg, int index) { return (uint8_t)(reg[index / 4] >> (8 * (index % 4))); }
+
+// Element e of a lane's f8f6f4 operand and its K index (isa_facts.h lane maps). Formats 0 (e4m3) and 4 (e2m1)
+// are the ones the kernels use; any other is refused.
+inline bool operand_element(const int32_t* reg, int g, int e, int format, float* value, int* k) {
+  if (format == 0) {
+    *value = e4m3_value(operand_byte(reg, e));
+    *k = mla_facts::F8_K[g][e];
+    return true;
+  }
+  if (format == 4) {
+    const uint8_t byte = operand_byte(reg, e / 2);
+    *value = e2m1_value(e % 2 ? byte >> 4 : byte & 0xF);
+    *k = mla_facts::F4_K[g][e];
+    return true;
+  }
+  fail("MFMA operand format outside the fact base", nullptr);
+  return false;
+}
+
+// Row (A) or column (B) `row` of an f8f6f4 operand over K = 0..127, gathered from the 4 lanes that hold it.
+inline void gather_operand(const int32_t (*regs)[8], int row, int format, double out[128]) {
+  for (int k = 0; k < 128; ++k) out[k] = NAN;  // a K no lane supplies is poison
+  for (int g = 0; g < 4; ++g)
+    for (int e = 0; e < 32; ++e) {
+      float v;
+      int k;
+      if (operand_element(regs[g * mla_facts::AB_ROWS + row], g, e, format, &v, &k) && k >= 0 && k < 128) out[k] = v;
+    }
+}
+
+template <class V8I, class V4F>
+V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int opsel_a, int scale_a, int opsel_b,
+                         int scale_b) {
+  Exchange& w = exchange();
+  const int l = lane();
+  for (int k = 0; k < 8; ++k) { w.a[l][k] = a[k]; w.b[l][k] = b[k]; }
+  w.scale_a[l] = (scale_a >> (8 * opsel_a)) & 0xFF;
+  w.scale_b[l] = (scale_b >> (8 * opsel_b)) & 0xFF;
+  wave_sync();
+  // an fp8 operand's per-block scale lanes are below high confidence: only a wave-uniform scale is trusted
+  bool poisoned = false;
+  for (int i = 1; i < WAVE && mla_facts::FP8_SCALES_UNIFORM_ONLY; ++i)
+    poisoned |= (format_a != 4 && w.scale_a[i] != w.scale_a[0]) || (format_b != 4 && w.scale_b[i] != w.scale_b[0]);
+  const int col = l % 16;
+  double bcol[128];
+  gather_operand(w.b, col, format_b, bcol);
+  V4F d;
+  for (int r = 0; r < 4; ++r) {
+    const int row = mla_facts::D_ROWS_PER_GROUP * (l / 16) + r;
+    double arow[128];
+    gather_operand(w.a, row, format_a, arow);
+    double sum = 0.0;
+    for (int kb = 0; kb < 4; ++kb) {
+      const double scale = e8m0_value(w.scale_a[mla_facts::SCALE_LANE[kb][row]]) *
+                           e8m0_value(w.scale_b[mla_facts::SCALE_LANE[kb][col]]);
+      for (int k = 32 * kb; k < 32 * kb + 32; ++k) sum += arow[k] * bcol[k] * scale;
+    }
+    d[r] = poisoned ? NAN : c[r] + (float)sum;
+  }
+  return d;
+}
+
+template <class V8BF, class V4F>
+V4F mfma_16x16x32_bf16(V8BF a, V8BF b, V4F c) {
+  Exchange& w = exchange();
+  const int l = lane();
+  struct Words { int32_t w[4]; };
+  const Words wa = __builtin_bit_cast(Words, a), wb = __builtin_bit_cast(Words, b);
+  for (int k = 0; k < 4; ++k) { w.a[l][k] = wa.w[k]; w.b[l][k] = wb.w[k]; }
+  wave_sync();
+  auto element = [](const int32_t* regs, int e) {
+    const uint32_t word = (uint32_t)regs[e / 2];
+    return (double)__builtin_bit_cast(float, e % 2 ? word & 0xFFFF0000u : word << 16);
+  };
+  const int col = l % 16;
+  double bcol[32], arow[32];
+  for (int g = 0; g < 4; ++g)
+    for (int e = 0; e < 8; ++e) bcol[mla_facts::BF16_K[g][e]] = element(w.b[g * 16 + col], e);
+  V4F d;
+  for (int r = 0; r < 4; ++r) {
+    const int row = mla_facts::D_ROWS_PER_GROUP * (l / 16) + r;
+    for (int g = 0; g < 4; ++g)
+      for (int e = 0; e < 8; ++e) arow[mla_facts::BF16_K[g][e]] = element(w.a[g * 16 + row], e);
+    double sum = 0.0;
+    for (int k = 0; k < 32; ++k) sum += arow[k] * bcol[k];
+    d[r] = c[r] + (float)sum;
+  }
+  return d;
+}
+
+// ----- direct-to-LDS loads and s_waitcnt -----
+inline const int* lds_dma_row(int size) {
+  for (const auto& row : mla_facts::LDS_DMA)
+    if (row[0] == size) return row;
+  return nullptr;
+}
+
+inline void global_load_lds(const void* src, void* dst, int size, int offset) {
+  Exchange& w = exchange();
+  w.pointer[lane()] = dst;
+  wave_sync();
+  if (w.pointer[0] != dst) fail("direct-to-LDS destination is not wave-uniform", dst);
+  const int* placement = lds_dma_row(size);
+  if (!placement) return fail("direct-to-LDS load size outside the fact base", dst);
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  bool inside = false;
+  for (int r = 0; r < 2; ++r) inside |= s >= group->range_lo[r] && s + size <= group->range_hi[r];
+  if (!inside) return fail("direct-to-LDS load outside the cache tensors", src);
+  uint8_t* slot = static_cast<uint8_t*>(dst) + offset + placement[1] * lane();
+  if (slot < __start_mla_emu_lds || slot + placement[1] > __stop_mla_emu_lds)
+    return fail("direct-to-LDS write outside LDS", slot);
+  std::memset(slot, POISON, placement[1]);  // undefined until the load retires; an unwritten dword stays so
+  current->pending.push_back(PendingCopy{slot, s, placement[2]});
+}
+
+// s_waitcnt: retires this lane's oldest loads until at most vmcnt remain (isa_facts.h encoding).
+inline void wait_vmcnt(unsigned imm) {
+  using namespace mla_facts;
+  const size_t allowed = ((imm >> VMCNT_LO_SHIFT) & ((1u << VMCNT_LO_BITS) - 1)) |
+                         (((imm >> VMCNT_HI_SHIFT) & ((1u << VMCNT_HI_BITS) - 1)) << VMCNT_LO_BITS);
+  while (current->pending.size() > allowed) {
+    const PendingCopy& c = current->pending.front();
+    std::memcpy(c.dst, c.src, c.bytes);
+    current->pending.pop_front();
+  }
+}
+
+// ----- conversions and transcendentals -----
+template <class V2BF>
+V2BF pair_bf16(float x, float y) {
+  return V2BF{__builtin_bit_cast(__bf16, bf16_bits(x)), __builtin_bit_cast(__bf16, bf16_bits(y))};
+}
+
+inline int cvt_pk_fp8(float a, float b, int old, bool high) {
+  const unsigned packed = (unsigned)e4m3_code(a) | ((unsigned)e4m3_code(b) << 8);
+  return (int)(((unsigned)old & (high ? 0x0000FFFFu : 0xFFFF0000u)) | (packed << (high ? 16 : 0)));
+}
+
+// A scale with a zero exponent field (zero, subnormal) is outside what the sources pin down: poison.
+inline float checked_scale(float scale) {
+  return ((__builtin_bit_cast(uint32_t, scale) >> 23) & 0xFF) == 0 ? NAN : scale;
+}
+
+// The ISA allows 1 ulp: even lanes get the next float up, odd lanes the next one down.
+inline float within_ulp(float exact) {
+  if (!std::isfinite(exact) || exact == 0.0f || mla_facts::TRANSCENDENTAL_ULP == 0) return exact;
+  return std::nextafter(exact, lane() % 2 ? -INFINITY : INFINITY);
+}
+
+inline int frexp_exponent(float x) {
+  if (!std::isfinite(x)) return 0;
+  int e;
+  std::frexp(x, &e);
+  return e;
+}
+
+}  // namespace mla_emu
+
+#define __builtin_amdgcn_workitem_id_x() (unsigned)mla_emu::current->index
+#define __builtin_amdgcn_workgroup_id_x() (unsigned)mla_emu::group->block[0]
+#define __builtin_amdgcn_workgroup_id_y() (unsigned)mla_emu::group->block[1]
+#define __builtin_amdgcn_workgroup_id_z() (unsigned)mla_emu::group->block[2]
+#define __builtin_amdgcn_mbcnt_lo(mask, v) ((v) + (unsigned)(mla_emu::lane() < 32 ? mla_emu::lane() : 32))
+#define __builtin_amdgcn_mbcnt_hi(mask, v) ((v) + (unsigned)(mla_emu::lane() > 32 ? mla_emu::lane() - 32 : 0))
+#define __builtin_amdgcn_s_barrier() mla_emu::group->sync.wait()
+#define __builtin_amdgcn_s_waitcnt(n) mla_emu::wait_vmcnt(n)
+#define __builtin_amdgcn_ds_bpermute(address, data) mla_emu::bpermute(address, data)
+#define __builtin_amdgcn_readfirstlane(v) mla_emu::exchange_first(v)
+#define __builtin_amdgcn_frexp_expf(x) mla_emu::frexp_exponent(x)
+#define __builtin_amdgcn_ldexpf(x, e) std::ldexp((float)(x), (e))
+#define __builtin_amdgcn_exp2f(x) mla_emu::within_ulp(std::exp2((float)(x)))
+#define __builtin_amdgcn_logf(x) mla_emu::within_ulp(std::log2((float)(x)))
+#define __builtin_amdgcn_cvt_pk_fp8_f32(a, b, old, high) mla_emu::cvt_pk_fp8((a), (b), (old), (high))
+#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(src, scale, high)                                              \
+  mla_emu::pair_bf16<v2bf>(mla_emu::e4m3_value((uint8_t)((src) >> ((high) ? 16 : 0))) * mla_emu::checked_scale(scale), \
+                           mla_emu::e4m3_value((uint8_t)((src) >> ((high) ? 24 : 8))) * mla_emu::checked_scale(scale))
+#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, scale, byte)                                              \
+  mla_emu::pair_bf16<v2bf>(                                                                                      \
+      mla_emu::e2m1_value((uint8_t)(((src) >> (8 * (byte))) & 0xF)) * mla_emu::checked_scale(scale),             \
+      mla_emu::e2m1_value((uint8_t)(((src) >> (8 * (byte) + 4)) & 0xF)) * mla_emu::checked_scale(scale))
+#define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, fa, fb, oa, sa, ob, sb) \
+  mla_emu::mfma_scale_16x16x128(a, b, c, fa, fb, oa, sa, ob, sb)
+#define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, cbsz, abid, blgp) mla_emu::mfma_16x16x32_bf16(a, b, c)
+#define __builtin_amdgcn_global_load_lds(src, dst, size, offset, aux) \
+  mla_emu::global_load_lds((const void*)(src), (void*)(dst), size, offset)

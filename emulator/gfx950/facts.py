@@ -1,0 +1,231 @@
+"""The gfx950 (CDNA4, MI355X) hardware behaviours the decode kernels and their CPU emulation rely on, as data.
+
+No AMD GPU is at hand, so each behaviour is taken from public primary sources and recorded here once, with its
+citations, a confidence and any source that disagrees. The emulator (emulation.h) reads its lane maps, load
+placement, counter encoding and number formats from the header `header()` writes from these records, never from
+the kernel headers; `header(overrides)` writes a deliberately wrong variant for the mutation tests.
+
+Confidence: "high" = two or more independent primary sources agree, or one normative source (the ISA guide) plus
+working public code; "medium" = one source, or sources that are consistent but indirect. Where a fact is below
+high, or the ISA leaves a result undefined, the emulator is hostile (`HOSTILE`): it returns poison (NaN patterns)
+so code that depends on the uncertain part fails instead of passing by luck.
+docs/gfx950.md states the same facts for a reader.
+"""
+from dataclasses import dataclass
+
+ISA = "AMD Instinct CDNA4 ISA reference guide"
+TRITON_AMD = "triton-lang/triton third_party/amd"
+LLVM_AMDGPU = "llvm/llvm-project llvm/lib/Target/AMDGPU"
+CVT_SCALEF32_TEST = "llvm/llvm-project llvm/test/CodeGen/AMDGPU/llvm.amdgcn.cvt.scalef32.pk.ll"
+
+
+@dataclass(frozen=True)
+class Fact:
+    key: str
+    statement: str
+    value: object
+    sources: tuple
+    confidence: str              # "high" | "medium"
+    disagree: tuple = ()
+    bet_by: str = ""             # which kernel design depends on it ("" = none beyond the obvious)
+
+
+# A lane map is a tuple of runs (k_base, k_per_lane_group, length): a lane of group g = lane / 16 holds, element
+# after element, K = k_base + k_per_lane_group * g + i for i < length, run after run.
+FACTS = (
+    Fact("wave_size", "A gfx950 wave has 64 lanes.", 64,
+         (f"{ISA}, wavefront description (64 work-items)",
+          f"{LLVM_AMDGPU}/AMDGPU.td (FeatureWavefrontSize64 for gfx9)"), "high"),
+    Fact("lds_bytes_per_cu", "LDS is 160 KiB per CU, all of it addressable by one workgroup.", 160 * 1024,
+         ("ROCm blog 'FP8 GEMM Optimization on AMD CDNA4 Architecture', table 1",
+          f"{LLVM_AMDGPU}/AMDGPU.td (gfx950: FeatureAddressableLocalMemorySize163840)"), "high"),
+    Fact("mfma_scale_16x16x128.ab_row",
+         "v_mfma_scale_f32_16x16x128_f8f6f4: lane l holds row (A) / column (B) l % 16 of the operand.", 16,
+         (f"{ISA}, section 7.1.5.1", f"{TRITON_AMD}: LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout",
+          "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture'"), "high"),
+    Fact("mfma_scale_16x16x128.fp8_k",
+         "fp8 operand (format 0/1): a lane of group g holds K 16g..16g+15 in bytes 0-15 and K 64+16g..64+16g+15 in "
+         "bytes 16-31 (two 16-value runs, not 32 contiguous values).",
+         ((0, 16, 16), (64, 16, 16)),
+         (f"{ISA}, section 7.1.5.1",
+          f"{TRITON_AMD}: AccelerateAMDMatmul.cpp ScaledBlockedToScaledMFMAF8F6F4 (operand kWidth = kBase / 2 = 16 "
+          "for every type)",
+          "triton-lang/triton lib/Dialect/TritonGPU/IR/LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout "
+          "(comment: 'for mxfp6/mxfp8, there are 2 16-consecutive elements blocks')",
+          "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (fp8 example splits K at K/2)",
+          "ROCm/aiter gfx950 a8w4 MoE kernels (+64-byte offset for the second run)"),
+         "high", disagree=("iree-org/iree: models 32 contiguous values for every f8f6f4 type (only its fp4 path is "
+                           "tested)",),
+         bet_by="the mxfp4 variants: Q (fp8) is packed in this order against contiguous fp4 K; the fp8 variants "
+                "put fp8 on both sides in the same order, so they are correct under either layout"),
+    Fact("mfma_scale_16x16x128.fp4_k",
+         "fp4 operand (format 4): a lane of group g holds K 32g..32g+31 contiguously in bytes 0-15 (bytes 16-31 "
+         "unused), the even K in the low nibble of each byte.",
+         ((0, 32, 32),),
+         (f"{ISA}, section 7.1.5.1", "triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout "
+          "(comment: 'with fp4 input, each lane takes 32 consecutive elements')",
+          "Modular MAX docs: mxfp4_matmul_amd (16 contiguous bytes per lane, lane_chunk = lane / 16)"), "high"),
+    Fact("mfma_scale_16x16x128.scale_lane",
+         "The e8m0 scale of row (A) / column (B) i and K block kb (32 values) of an fp4 operand is the byte picked "
+         "by opsel from the scale register of lane 16 * kb + i: the lane that holds those 32 values.",
+         "16 * kblock + row",
+         ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (lane bases {0,1}..{0,8} "
+          "on the row, {1,0},{2,0} on the K block, for 16x16)", f"{ISA}, section 7.1.5.1",
+          "Modular MAX docs: mxfp4_matmul_amd ('the 64 scale values (16 rows x 4 K-groups) come from 64 lanes')"),
+         "high", bet_by="the mxfp4 variants give the scale of (token n, K block g) to lane 16 g + n"),
+    Fact("mfma_scale_16x16x128.fp8_scale_lane",
+         "For an fp8 operand, whose lanes hold values of two K blocks each, Triton uses the same lane map, but no "
+         "source read here exercises per-block fp8 scales.", "16 * kblock + row",
+         ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (one layout for every "
+          "type; comment: 'for mxfp6/mxfp8 ... 2 scale elements are required')",), "medium",
+         bet_by="none: the kernels give every fp8 operand the unit scale in every lane; the emulator returns NaN "
+                "for an fp8 operand whose scale bytes differ between lanes"),
+    Fact("mfma_16x16.d_layout",
+         "16x16 MFMA result (f32x4): lane l register r holds row 4 * (l / 16) + r, column l % 16.", (4, 16),
+         (f"{ISA}, section 7.1 (MFMA output layout)",
+          "ROCm/amd_matrix_instruction_calculator (16x16 MFMA D layout)",
+          "ROCm/composable_kernel include/ck/utility/xdlops_gemm.hpp (16x16 output layout)"), "high"),
+    Fact("mfma_16x16x32_bf16.ab_k",
+         "v_mfma_f32_16x16x32_bf16: lane l holds row/column l % 16 and K 8g..8g+7 (g = l / 16), element e at "
+         "K 8g + e.", ((0, 8, 8),),
+         ("ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (16x16x32 bf16 example)",
+          "triton-lang/triton AccelerateAMDMatmul.cpp (kWidth 8 for the gfx950 16x16x32 bf16 MFMA)"), "high",
+         bet_by="none: P and V use the same K order on both operands, so any K permutation cancels"),
+    Fact("global_load_lds.placement",
+         "Direct-to-LDS global loads: lane l's data lands at M0 base + offset + stride * l. 4-byte loads use a "
+         "4-byte stride; 16-byte (dwordx4) loads a 16-byte stride; 12-byte (dwordx3) loads ALSO a 16-byte stride, "
+         "writing bytes 0-11 of each slot and leaving the 4th dword unwritten.",
+         {4: (4, 4), 12: (16, 12), 16: (16, 16)},
+         (f"{ISA}, section 9.1.9", "triton-lang/triton third_party/amd/lib/TritonAMDGPUToLLVM/TargetInfo.cpp "
+          "supportsDirectToLdsLoadBitWidth ('Disable 96 bits as it uses 128bit strides between threads')",
+          "ROCm blog 'FP8 GEMM Optimization on AMD CDNA4 Architecture' (up to 128 bits per lane)"), "high",
+         bet_by="the mxfp4 variants' scale region (one dwordx3 wave load of 32 x 24 bytes into 64 16-byte slots)"),
+    Fact("lds.uninitialised", "LDS contents at workgroup start are undefined.", "poison",
+         (f"{ISA}, LDS chapter (contents are not initialised at dispatch)",), "high"),
+    Fact("s_waitcnt.vmcnt_encoding",
+         "gfx9 s_waitcnt: vmcnt is bits 3:0 (low) and 15:14 (high), expcnt 6:4, lgkmcnt 11:8.",
+         {"lo": (0, 4), "hi": (14, 2)},
+         ("llvm/llvm-project llvm/lib/Target/AMDGPU/Utils/AMDGPUBaseInfo.cpp encodeVmcnt/getVmcntBitShiftHi",
+          f"{ISA}, S_WAITCNT"), "high"),
+    Fact("s_waitcnt.lds_dma",
+         "Direct-to-LDS loads count in vmcnt and retire in issue order; their LDS bytes are valid only after an "
+         "s_waitcnt vmcnt that covers them. Until then the destination is undefined.", "in_order",
+         (f"{ISA}, section 9.1.9", "llvm/llvm-project SIInsertWaitcnts.cpp (LDS DMA tracked as a VMEM access)"),
+         "high"),
+    Fact("e4m3fn", "OCP e4m3fn: bias 7, no infinities, NaN = S.1111.111 (0x7F/0xFF), max 448, min subnormal 2^-9.",
+         {"bias": 7, "max": 448.0, "nan": (0x7F, 0xFF)},
+         ("OCP 8-bit Floating Point Specification (OFP8) rev 1.0", f"{ISA}, section 7.1 (FP8 formats: OCP on CDNA4)",
+          "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (E4M3FN on CDNA4, FNUZ on "
+          "CDNA3)"), "high"),
+    Fact("e2m1", "OCP e2m1 (fp4): values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; no NaN or infinity.",
+         (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
+         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1 (FP4 format)"), "high"),
+    Fact("e8m0", "OCP e8m0 scale: 2^(e - 127), 0xFF = NaN, no sign and no zero.", {"bias": 127, "nan": 0xFF},
+         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1.5.1"), "high"),
+    Fact("cvt_pk_fp8_f32",
+         "v_cvt_pk_fp8_f32: two f32 -> two e4m3fn, round to nearest even; word_sel 0 writes bytes 0-1, 1 writes "
+         "bytes 2-3 and keeps the others. Out of range (|x| > 448) without clamp: not pinned down by the sources.",
+         {"rounding": "nearest_even", "out_of_range": "poison"},
+         ("llvm/llvm-project llvm/lib/Target/AMDGPU/VOP3Instructions.td V_CVT_PK_FP8_F32 (vdst_in tied, "
+          "op_sel[3] word select)", f"{ISA}, V_CVT_PK_FP8_F32"), "high",
+         bet_by="none: Q is scaled into [128, 256) first, so nothing is out of range"),
+    Fact("cvt_scalef32_pk_bf16_fp8",
+         "v_cvt_scalef32_pk_bf16_fp8: bytes 2w, 2w+1 (w = word_sel) -> two bf16 (the lower byte first), each "
+         "times the f32 scale.", {"select": "word"},
+         ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8",
+          CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
+         "high"),
+    Fact("cvt_scalef32_pk_bf16_fp4",
+         "v_cvt_scalef32_pk_bf16_fp4: byte b (b = byte_sel) -> two bf16, the low nibble first, each times the f32 "
+         "scale. A scale whose exponent field is 0 (zero or subnormal, e.g. e8m0 byte 0 = 2^-127) is not pinned "
+         "down by the sources.", {"select": "byte", "subnormal_scale": "poison"},
+         ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4",
+          CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
+         "high", bet_by="none: the self-check's and the problem's scales are normal (e8m0 byte 0 never occurs)"),
+    Fact("cvt_pk_bf16_f32", "gfx950 converts f32 -> bf16 in hardware (v_cvt_pk_bf16_f32), round to nearest even.",
+         "nearest_even",
+         ("llvm/llvm-project llvm/lib/Target/AMDGPU/AMDGPU.td (gfx950: FeatureBF16ConversionInsts, V_CVT_PK_BF16_F32)",
+          f"{ISA}, VOP3 conversion instructions"), "high"),
+    Fact("v_exp_f32", "v_exp_f32 is 2^x to about 1 ulp; 2^-inf = 0.", {"ulp": 1},
+         (f"{ISA}, V_EXP_F32", "llvm/llvm-project AMDGPU: __builtin_amdgcn_exp2f lowers to v_exp_f32"),
+         "high"),
+    Fact("v_log_f32", "v_log_f32 is log2(x) to about 1 ulp; log2(0) = -inf.", {"ulp": 1},
+         (f"{ISA}, V_LOG_F32", "llvm/llvm-project AMDGPU: __builtin_amdgcn_logf lowers to v_log_f32"),
+         "high"),
+    Fact("v_frexp_exp_i32_f32", "v_frexp_exp_i32_f32: e with x = m * 2^e, |m| in [0.5, 1); 0 for 0, inf, NaN.",
+         "frexp", (f"{ISA}, V_FREXP_EXP_I32_F32",), "high"),
+    Fact("v_ldexp_f32", "v_ldexp_f32: x * 2^e with IEEE overflow to infinity (so 2^128 is inf).", "ieee",
+         (f"{ISA}, V_LDEXP_F32",), "high",
+         bet_by="the Q scaling caps its exponent so 2^s and 2^-s stay finite and normal"),
+    Fact("ds_bpermute_b32", "ds_bpermute_b32: lane l reads the value of lane (address / 4) % 64.", 4,
+         (f"{ISA}, DS_BPERMUTE_B32", "ROCm/composable_kernel warp shuffle helpers"), "high"),
+    Fact("mfma.accumulation",
+         "MFMA products of fp8/fp4/bf16 inputs are exact in f32; the order of the internal sums is not specified.",
+         "unordered",
+         (f"{ISA}, section 7.1", "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture'"),
+         "medium", bet_by="none: the strict bound leaves room for any summation order"),
+)
+
+BY_KEY = {f.key: f for f in FACTS}
+CONFIDENCE = ("high", "medium")
+
+
+def value(key: str, overrides=None):
+    """The value of a fact, or its override (the mutation tests' wrong hardware)."""
+    overrides = overrides or {}
+    return overrides[key] if key in overrides else BY_KEY[key].value
+
+
+def uncertain(key: str) -> bool:
+    """Whether the emulator must be hostile where this fact applies: it is below high confidence."""
+    return BY_KEY[key].confidence != "high"
+
+
+def lane_k_map(runs) -> list:
+    """[lane group][element] -> K, from a fact's runs (k_base, k_per_lane_group, length)."""
+    return [[base + per_group * g + i for base, per_group, length in runs for i in range(length)] for g in range(4)]
+
+
+def _table(name: str, rows) -> str:
+    body = ", ".join("{" + ", ".join(str(x) for x in row) + "}" for row in rows)
+    return f"constexpr int {name}[{len(rows)}][{len(rows[0])}] = {{{body}}};"
+
+
+def header(overrides=None) -> str:
+    """The C++ header the emulator is built with: the facts' data as constants (overrides replace values)."""
+    fp8, fp4 = (lane_k_map(value(k, overrides)) for k in ("mfma_scale_16x16x128.fp8_k",
+                                                          "mfma_scale_16x16x128.fp4_k"))
+    bf16 = lane_k_map(value("mfma_16x16x32_bf16.ab_k", overrides))
+    placement = value("global_load_lds.placement", overrides)
+    vm = value("s_waitcnt.vmcnt_encoding", overrides)
+    e4m3, e8m0 = value("e4m3fn", overrides), value("e8m0", overrides)
+    scale_rows = [[16 * kb + i for i in range(16)] for kb in range(4)]
+    lds_rows = [[size, stride, written] for size, (stride, written) in sorted(placement.items())]
+    lines = [
+        "// Generated by emulator/gfx950/facts.py from the cited fact base; do not edit.",
+        "#pragma once",
+        "namespace mla_facts {",
+        f"constexpr int WAVE = {value('wave_size', overrides)};",
+        f"constexpr int AB_ROWS = {value('mfma_scale_16x16x128.ab_row', overrides)};",
+        "// [lane group][element] -> K of the scaled 16x16x128 MFMA, per operand format",
+        _table("F8_K", fp8), _table("F4_K", fp4),
+        "// [K block][row] -> lane holding that block's e8m0 scale",
+        _table("SCALE_LANE", scale_rows),
+        "// [lane group][element] -> K of the 16x16x32 bf16 MFMA",
+        _table("BF16_K", bf16),
+        f"constexpr int D_ROWS_PER_GROUP = {value('mfma_16x16.d_layout', overrides)[0]};",
+        "// direct-to-LDS loads: {bytes per lane, LDS stride between lanes, bytes written per lane}",
+        _table("LDS_DMA", lds_rows),
+        f"constexpr int VMCNT_LO_SHIFT = {vm['lo'][0]}, VMCNT_LO_BITS = {vm['lo'][1]};",
+        f"constexpr int VMCNT_HI_SHIFT = {vm['hi'][0]}, VMCNT_HI_BITS = {vm['hi'][1]};",
+        f"constexpr int E4M3_BIAS = {e4m3['bias']};",
+        f"constexpr float E4M3_MAX = {e4m3['max']}f;",
+        f"constexpr int E8M0_BIAS = {e8m0['bias']}, E8M0_NAN = {e8m0['nan']};",
+        "constexpr float E2M1[8] = {" + ", ".join(f"{v}f" for v in value("e2m1", overrides)) + "};",
+        "// below high confidence: an fp8 operand's scales must be the same in every lane, else the result is NaN",
+        f"constexpr bool FP8_SCALES_UNIFORM_ONLY = {str(uncertain('mfma_scale_16x16x128.fp8_scale_lane')).lower()};",
+        f"constexpr int BPERMUTE_BYTES_PER_LANE = {value('ds_bpermute_b32', overrides)};",
+        f"constexpr int TRANSCENDENTAL_ULP = {value('v_exp_f32', overrides)['ulp']};",
+        "}  // namespace mla_facts",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,93 @@
+"""Build and call the gfx950 lane emulator: the kernel source (any copy of it, so tests can mutate it) compiled
+for the CPU against emulation.h and the header the fact base writes (facts.header, with optional overrides).
+
+Build: clang 22 from the `ziglang` package, C++17 -O1, one shared library per (kernel source, facts) pair, about
+5 s. Run: one OS thread; the self-check layout (48 workgroups of 256 lanes) takes a few seconds per variant.
+"""
+import ctypes
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mixed_mla.constants import DEFAULT_SM_SCALE
+from mixed_mla.formats import as_uint8
+
+from . import facts
+from .hip_twin import LOG2E
+
+HERE = Path(__file__).resolve().parent
+FORMAT_CODE = {"fp8": 0, "mxfp4": 1}
+ROW_BYTES = {"fp8": 576, "mxfp4": 288}
+
+
+class DecodeParams(ctypes.Structure):
+    """Mirror of mixed_mla/kernels/gfx950/decode/params.h."""
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "kv", "kv_block_scales", "kv_scale", "qo_indptr",
+                                                      "kv_indptr", "out", "partial_out", "partial_lse")]
+                + [(name, ctypes.c_int64) for name in ("q_row_stride", "q_head_stride", "out_row_stride",
+                                                       "out_head_stride")]
+                + [(name, ctypes.c_int) for name in ("total_q", "num_heads", "batch", "num_kv_rows", "num_splits")]
+                + [("sm_scale_log2", ctypes.c_float)])
+
+
+def build(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
+    """The emulator library for the kernels under kernel_dir (its decode/ folder), with the fact base's values
+    (or `overrides` of them: a wrong hardware for the mutation tests)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "isa_facts.h").write_text(facts.header(overrides))
+    lib = out_dir / "emulation.so"
+    result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
+                    "-DMLA_CPU_EMULATION", "-x", "c++", "-I", str(Path(kernel_dir) / "decode"), "-I", str(HERE),
+                    "-I", str(out_dir), str(HERE / "driver.cpp"), "-o", str(lib)], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the emulator did not build:\n{result.stderr[-4000:]}")
+    return ctypes.CDLL(str(lib))
+
+
+def _error_buffer():
+    return ctypes.create_string_buffer(256)
+
+
+def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None):
+    """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN."""
+    total_q, heads = q.shape[:2]
+    data, aux = cache
+    kv = as_uint8(data).reshape(-1, ROW_BYTES[kv_format]).contiguous()
+    scales = as_uint8(aux).contiguous() if kv_format == "mxfp4" else torch.zeros(1, dtype=torch.uint8)
+    kv_scale = aux.float().contiguous() if kv_format == "fp8" else torch.ones(1)
+    out = torch.full((total_q, heads, 512), float("nan"), dtype=torch.bfloat16)
+    partial = torch.full((max(total_q * heads * num_splits, 1) * 512,), float("nan"), dtype=torch.bfloat16)
+    lse = torch.full((max(total_q * heads * num_splits, 1),), float("nan"))
+    p = DecodeParams(q.data_ptr(), kv.data_ptr(), scales.data_ptr(), kv_scale.data_ptr(), qo.data_ptr(),
+                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), lse.data_ptr(), q.stride(0), q.stride(1),
+                     out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
+                     kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, DEFAULT_SM_SCALE * LOG2E)
+    error = _error_buffer()
+    rc = lib.emu_decode(ctypes.byref(p), FORMAT_CODE[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
+                        ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()), ctypes.c_long(scales.numel()),
+                        error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), out
+
+
+def mfma_scale(lib, a, b, format_a, format_b, scale_a, scale_b):
+    """(error, d) of one emulated v_mfma_scale_f32_16x16x128_f8f6f4: a, b int32 (64, 8); scales int32 (64,)."""
+    a, b = a.to(torch.int32).contiguous(), b.to(torch.int32).contiguous()
+    scale_a, scale_b = scale_a.to(torch.int32).contiguous(), scale_b.to(torch.int32).contiguous()
+    d = torch.zeros(64, 4)
+    error = _error_buffer()
+    rc = lib.emu_mfma_scale(ctypes.c_void_p(a.data_ptr()), ctypes.c_void_p(b.data_ptr()), format_a, format_b,
+                            ctypes.c_void_p(scale_a.data_ptr()), ctypes.c_void_p(scale_b.data_ptr()),
+                            ctypes.c_void_p(d.data_ptr()), error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), d
+
+
+def load_lds(lib, src, size, lds_len=1024):
+    """(error, LDS bytes) after one emulated direct-to-LDS wave load of `size` bytes per lane from uint8 `src`."""
+    src = src.contiguous()
+    lds = torch.zeros(lds_len, dtype=torch.uint8)
+    error = _error_buffer()
+    rc = lib.emu_load_lds(ctypes.c_void_p(src.data_ptr()), ctypes.c_long(src.numel()), size,
+                          ctypes.c_void_p(lds.data_ptr()), lds_len, error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), lds
