@@ -32,6 +32,8 @@ LAYOUTS = [  # (q_lens, kv_lens, num_heads)
     ([1] * 4, [1024] * 4, 64),
     ([3, 0, 2], [100, 50, 1], 128),
     ([1] * 6, [31, 32, 33, 63, 64, 65], 16),
+    ([1, 2, 4], [300, 33, 5], 8),         # TP16: 8 heads, half of a 16-row group masked
+    ([3, 1], [1000, 64], 4),              # TP32: 4 heads
 ]
 # Totals divisible by the batch, contents not uniform: the fp8 kernels' early guess of a uniform layout (v49) is wrong,
 # and its copies (a tile of the empty segment, a row the first segment lacks) must be drained, not used. The release

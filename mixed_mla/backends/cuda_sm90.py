@@ -18,7 +18,7 @@ import functools
 
 import torch
 
-from ..constants import HEAD_GROUP, V_HEAD_DIM
+from ..constants import SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
 
 KERNEL_DIR = "sm90/decode"
@@ -35,7 +35,8 @@ _workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_ls
 
 
 def supports(kv_format, num_heads):
-    return kv_format in FORMAT_CODES and num_heads % HEAD_GROUP == 0
+    # 4 and 8 heads run as one partly filled group of HEAD_GROUP (the kernels mask the other rows)
+    return kv_format in FORMAT_CODES and num_heads in SUPPORTED_NUM_HEADS
 
 
 def available(device):

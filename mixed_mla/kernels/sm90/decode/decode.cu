@@ -56,7 +56,7 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     err = fp8_tile_map(p, Tile::kTileTokens, &kv_map);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
+  const dim3 grid(p.num_splits, p.max_q_len * head_groups(p.num_heads), p.batch);
   decode_split_kernel<kFormat, kVariant><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
   return cudaGetLastError();
 }
@@ -69,8 +69,10 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
   using namespace mla_sm90;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
-  if (p->num_heads % kHeadGroup != 0 || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
-      p->batch > 65535 || (int64_t)p->max_q_len * (p->num_heads / kHeadGroup) > 65535 ||
+  // Whole groups of 16 heads, or one partly filled group (the tensor-parallel counts 4 and 8).
+  const bool heads_ok = p->num_heads > 0 && (p->num_heads < kHeadGroup || p->num_heads % kHeadGroup == 0);
+  if (!heads_ok || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
+      p->batch > 65535 || (int64_t)p->max_q_len * head_groups(p->num_heads) > 65535 ||
       p->kv_row_stride % 16 != 0 || p->kv_row_stride <= 0 || p->kv_row_stride > kMaxKvRowStrideBytes)
     return cudaErrorInvalidValue;
   cudaError_t err;

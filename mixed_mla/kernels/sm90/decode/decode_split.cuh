@@ -33,6 +33,12 @@ namespace mla_sm90 {
 
 __device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return min(max(v, lo), hi); }
 
+// Groups of kHeadGroup heads a query row takes: 4 and 8 heads fill one group partly (the rest of its rows are zero
+// queries whose outputs are not stored).
+__host__ __device__ __forceinline__ int head_groups(int num_heads) {
+  return (num_heads + kHeadGroup - 1) / kHeadGroup;
+}
+
 // p = 2^(x - m) of a thread's 4 scores (head rows g, g + 8); m = -inf (nothing seen yet) keeps every p at 0.
 __device__ __forceinline__ void exponentials(const float x[4], const float m[2], float pr[4]) {
   const float base0 = m[0] == -INFINITY ? 0.f : m[0], base1 = m[1] == -INFINITY ? 0.f : m[1];
@@ -314,7 +320,7 @@ constexpr int split_smem_bytes() {
          (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
-// grid = (num_splits, max_q_len * num_heads / 16, batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
+// grid = (num_splits, max_q_len * head_groups(num_heads), batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
 // the indptr contents, clamped to the tensors, so no indptr value can send a read out of bounds. Query r of a segment
 // of q_len rows attends its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of
 // those.
@@ -328,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (Tile::kTma) smem += (kSwizzleAlign - smem_addr(smem_block) % kSwizzleAlign) % kSwizzleAlign;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat, kVariant>());
   uint32_t phases = 0;
-  const int groups = p.num_heads / kHeadGroup;
+  const int groups = head_groups(p.num_heads);
   const int seg = blockIdx.z;
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
   const int first_r = blockIdx.y / groups;
