@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // Paged: the sequence's positions 0 .. seq_len - 1, within what its block-table row addresses.
   const int kv_lo = kPaged ? 0 : p.kv_indptr[seg], kv_hi = kPaged ? p.seq_lens[seg] : p.kv_indptr[seg + 1];
   const int kv_rows = kPaged ? p.max_pages * p.page_size : p.num_kv_rows;
-  const PageMap map{kPaged ? p.block_table + seg * p.block_table_stride : nullptr, p.page_size, p.num_pages - 1};
+  const PageMap map(kPaged ? p.block_table + seg * p.block_table_stride : nullptr, p.page_size, p.num_pages);
   uint32_t q_words[2][kKSteps][2];
   if (guess.q_row >= 0)
     typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5, (threadIdx.x & 31) >> 2,
