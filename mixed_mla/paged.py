@@ -165,13 +165,14 @@ class PagedDecodePlan:
         return out
 
 
-def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, device=None,
-               backend=None) -> PagedDecodePlan:
+def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
+               device=None, backend=None) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
-    max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). The KV length the
-    planner sizes splits for is the block table's reach (max_pages x page_size): no sync. backend forces one
-    (as MLA_BACKEND does); a planned one that cannot read pages routes to the next that can (torch at last).
+    max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
+    launch hint only (the KV length the planner sizes splits for; default the block table's reach, max_pages x
+    page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
+    does); a planned one that cannot read pages routes to the next that can (torch at last).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:
@@ -186,7 +187,8 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     if max_q_len is None:
         qo_host = qo_indptr.tolist()
         max_q_len = max(1, max(b - a for a, b in zip(qo_host, qo_host[1:])))
-    chosen, module = _route(device, batch, max_q_len, max_pages * page_size, num_heads, kv_format, backend)
+    max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len)
 
 
@@ -201,7 +203,7 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFA
     check_paged_contents(qo_host, table_host, lens_host, q.shape[0], cache)
     longest_q = max(1, max(b - a for a, b in zip(qo_host, qo_host[1:])))
     planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=cache.kv_format,
-                         page_size=cache.page_size, max_q_len=longest_q, device=q.device)
+                         page_size=cache.page_size, max_q_len=longest_q, max_kv_len=max(lens_host), device=q.device)
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 

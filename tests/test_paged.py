@@ -184,3 +184,16 @@ def test_a_plan_refuses_another_layout():
     planned = paged.plan_paged(qo, table, lens, num_heads=4, kv_format="bf16", page_size=16)
     with pytest.raises(ValueError, match="plan again"):
         planned.run(q, cache, qo, torch.cat([table, table], dim=1), lens)
+
+
+def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
+    """hip_gfx950 and aiter read contiguous caches only (no run_paged): a paged plan on gfx950 takes the next backend
+    that reads pages, torch, even where both are available."""
+    monkeypatch.setattr(paged, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    case = make_paged_case([1], [20], 8, 16, "fp8", seed=6, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16)
+    assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
+    with pytest.raises(RuntimeError, match="reads contiguous caches only"):
+        paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, backend="hip_gfx950")

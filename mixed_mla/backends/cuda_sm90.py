@@ -7,7 +7,9 @@ passes per token, coarser ends of rows: each is the fastest on some shapes, NOTE
 forward (binding.cpp), on the current stream, with no sync and no allocation after the first call of a shape (the
 split workspace is cached per (device, rows, heads, splits) and reused; outputs never are).
 
-Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16. The
+Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
+Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
+mixed_mla/paged.py): the same kernels gather each tile's rows through the block table (no copy of the cache). The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
 fp8 runs f16 products with Q scaled per head by a power of two, so no input is rounded beyond f16/bf16.
 
