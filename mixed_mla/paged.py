@@ -20,12 +20,9 @@ import torch
 from . import api, backends
 from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
                         V_HEAD_DIM)
-from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE
+from .formats import FP8_DTYPE
 from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
-
-INT32 = torch.int32
-_PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
-_E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
+from .validate import _E8M0_DTYPES, _PACKED_FP4_DTYPES, INDPTR_DTYPE, _check_tensor
 
 
 @dataclass(frozen=True)
@@ -61,17 +58,10 @@ def paged_cache_of(kv_cache, device) -> PagedCache:
 
 
 def _check_pages(name, t, dtypes, row_width, device):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on {device}: all tensors must share a device")
+    _check_tensor(name, t, dtypes, device)   # type, dtype, device, contiguity
     if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
         raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
                          f"{tuple(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (strides {tuple(t.stride())} for shape {tuple(t.shape)})")
 
 
 def check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out=None) -> PagedCache:
@@ -86,7 +76,7 @@ def check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out=None) 
         raise ValueError(f"q has {q.shape[1]} heads; supported: {SUPPORTED_NUM_HEADS}")
     cache = paged_cache_of(kv_cache, device)
     for name, t, dims in (("qo_indptr", qo_indptr, 1), ("block_table", block_table, 2), ("seq_lens", seq_lens, 1)):
-        if not isinstance(t, torch.Tensor) or t.dtype != INT32 or t.device != device or t.dim() != dims:
+        if not isinstance(t, torch.Tensor) or t.dtype != INDPTR_DTYPE or t.device != device or t.dim() != dims:
             raise ValueError(f"{name} must be a {dims}-D int32 tensor on {device}, got "
                              f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))} on "
                              f"{getattr(t, 'device', None)}")

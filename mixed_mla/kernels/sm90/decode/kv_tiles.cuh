@@ -447,7 +447,6 @@ struct TilePipe<Tile, true> {
   }
 };
 
-
 // ---- Paged caches: the tiles gather their rows through the block table (no copy of the cache) ----
 
 // A sequence's logical positions -> flat cache rows (page * page_size + offset), in two steps so that a lookup can
