@@ -7,7 +7,7 @@ QK_HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM   # 576
 V_HEAD_DIM = KV_LORA_RANK   # 512
 NUM_KV_HEADS = 1            # one latent row per token, shared by every query head (MQA)
 DEFAULT_SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)  # 1/24
-SUPPORTED_NUM_HEADS = (16, 32, 64, 128)
+SUPPORTED_NUM_HEADS = (4, 8, 16, 32, 64, 128)  # 128 / TP: 4 and 8 are TP32 and TP16 of DeepSeek-R1
 HEAD_GROUP = 16             # heads handled together by one kernel pass (one MMA M/N dimension)
 
 KV_FORMATS = ("bf16", "fp8", "mxfp4")

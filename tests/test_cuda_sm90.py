@@ -32,6 +32,8 @@ LAYOUTS = [  # (q_lens, kv_lens, num_heads)
     ([1] * 4, [1024] * 4, 64),
     ([3, 0, 2], [100, 50, 1], 128),
     ([1] * 6, [31, 32, 33, 63, 64, 65], 16),
+    ([1, 2, 4], [300, 33, 5], 8),         # TP16: 8 heads, half of a 16-row group masked
+    ([3, 1], [1000, 64], 4),              # TP32: 4 heads
 ]
 # Totals divisible by the batch, contents not uniform: the fp8 kernels' early guess of a uniform layout (v49) is wrong,
 # and its copies (a tile of the empty segment, a row the first segment lacks) must be drained, not used. The release
@@ -187,3 +189,100 @@ def test_a_captured_cuda_graph_replays_new_data_and_lengths(kv_format, variant, 
     err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
     assert err < TIGHT_BOUND, f"relative L2 {err:.2e} after replay, splits {splits}, {kv_format} {variant!r}"
     assert exact.strict_error(first_output, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) > 0.3
+
+
+# ---- Paged caches: the kernels gather rows through the block table (tests/test_paged.py builds the cases: pages in
+# random order, NaN encodings in every byte no sequence owns) ----
+PAGED_FORMAT_VARIANTS = [("bf16", ""), ("mxfp4", ""), ("fp8", ""), ("fp8", "tile64")]
+
+
+def _paged_case(q_lens, kv_lens, num_heads, page_size, kv_format, seed, spare_pages=3):
+    from test_paged import make_paged_case
+    return make_paged_case(q_lens, kv_lens, num_heads, page_size, kv_format, seed=seed, device="cuda",
+                           spare_pages=spare_pages)
+
+
+def _run_paged(case, kv_format, splits, variant, out=None):
+    q, cache, _, qo, _, table, lens = case
+    out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda") \
+        if out is None else out
+    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant)
+    cuda_sm90.run_paged(q, cache, kv_format, qo, table, lens, out, plan, DEFAULT_SM_SCALE, max(1, int(
+        (qo[1:] - qo[:-1]).max())))
+    return out
+
+
+def _paged_error(out, case, kv_format):
+    q, _, contiguous, qo, kvi, _, _ = case
+    torch.cuda.synchronize()
+    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+
+
+@pytest.mark.parametrize("kv_format,variant", PAGED_FORMAT_VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 16, 32, 64, 128])   # fp8: row-by-row tiles below 32, TMA boxes from it
+@pytest.mark.parametrize("splits", [1, 8])
+@pytest.mark.parametrize("num_heads", [4, 16, 128])
+def test_paged_kernels_match_exact_attention(kv_format, variant, page_size, splits, num_heads):
+    case = _paged_case([1, 2, 3, 4, 1], [1, 64, 130, 700, 0], num_heads, page_size, kv_format, seed=page_size + splits)
+    err = _paged_error(_run_paged(case, kv_format, splits, variant), case, kv_format)
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e}, page {page_size}, splits {splits}, {kv_format} {variant!r}"
+
+
+def test_paged_fp8_variant_follows_the_page_size():
+    assert [cuda_sm90.paged_fp8_variant(v, ps) for v, ps in [("tile64", 64), ("tile64", 32), ("", 64), ("", 16),
+                                                            ("tile64", 1)]] == [1, 0, 0, 2, 2]
+
+
+def test_paged_garbage_block_table_and_lengths_read_nothing_out_of_bounds():
+    """Page ids past the cache, negative ones and lengths past the table's reach are clamped on the device
+    (compute-sanitizer runs this in the release check); the output is then merely finite, not meaningful."""
+    case = _paged_case([1, 1], [40, 70], 16, 16, "bf16", seed=9)
+    q, cache, contiguous, qo, kvi, table, lens = case
+    bad_table = torch.tensor([[10 ** 6, -7, 3, 2, 1, 0], [5] * 6], dtype=torch.int32, device="cuda")
+    bad_lens = torch.tensor([10 ** 6, -3], dtype=torch.int32, device="cuda")
+    cache = cache.nan_to_num()
+    out = _run_paged((q, cache, contiguous, qo, kvi, bad_table[:, :table.shape[1]], bad_lens), "bf16", 3, "")
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("kv_format,variant", PAGED_FORMAT_VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_a_captured_paged_plan_replays_new_lengths_and_block_tables(kv_format, variant, page_size):
+    """PagedDecodePlan.run inside a CUDA graph: after new Q, pages, block table and lengths are copied into the
+    captured buffers (same shapes), a replay matches exact attention on the new data."""
+    from dataclasses import replace
+
+    from mixed_mla import paged
+    first = _paged_case([1, 2, 1], [300, 900, 41], 8, page_size, kv_format, seed=31)
+    q, cache, _, qo, _, table, lens = first
+    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format=kv_format, page_size=page_size, max_q_len=2,
+                               backend="cuda_sm90")
+    planned = replace(planned, plan=Plan("cuda_sm90", kv_format, 4, variant))
+    out = torch.empty(q.shape[0], 8, 512, dtype=torch.bfloat16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        planned.run(q, cache, qo, table, lens, out=out)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        planned.run(q, cache, qo, table, lens, out=out)
+    # Other lengths within the table's width, other page order, other query split; spare pages keep the cache's
+    # shape.
+    pages = lambda lengths: sum(-(-n // page_size) for n in lengths)  # noqa: E731
+    second_lens = [897, 0, 331]
+    second = _paged_case([2, 1, 1], second_lens, 8, page_size, kv_format, seed=32,
+                         spare_pages=pages([300, 900, 41]) + 3 - pages(second_lens))
+    q2, cache2, _, qo2, _, table2, lens2 = second
+    padded = torch.full_like(table, -1)
+    padded[:, :table2.shape[1]] = table2
+    q.copy_(q2)
+    qo.copy_(qo2)
+    table.copy_(padded)
+    lens.copy_(lens2)
+    _copy_cache(cache, cache2)
+    out.fill_(float("nan"))
+    graph.replay()
+    err = _paged_error(out, second, kv_format)
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} after replay, page {page_size}, {kv_format} {variant!r}"

@@ -14,10 +14,11 @@ def fresh_plans(monkeypatch):
     monkeypatch.setattr(entry, "_plans", {})
 
 
-def _data(make_case, batch=3, q_len=1, kv_len=200, seed=0, sm_scale=DEFAULT_SM_SCALE, q_lens=None, kv_lens=None):
-    case = make_case(q_lens or [q_len] * batch, kv_lens or [kv_len] * batch, seed=seed)
+def _data(make_case, batch=3, q_len=1, kv_len=200, seed=0, sm_scale=DEFAULT_SM_SCALE, q_lens=None, kv_lens=None,
+          num_heads=16):
+    case = make_case(q_lens or [q_len] * batch, kv_lens or [kv_len] * batch, num_heads=num_heads, seed=seed)
     kv_data = {fmt: case.cache(fmt) for fmt in ("bf16", "fp8", "mxfp4")}
-    config = {"batch_size": batch, "num_heads": 16, "num_kv_heads": 1, "qk_head_dim": 576, "kv_lora_rank": 512,
+    config = {"batch_size": batch, "num_heads": num_heads, "num_kv_heads": 1, "qk_head_dim": 576, "kv_lora_rank": 512,
               "qk_rope_head_dim": 64, "v_head_dim": 512, "q_seq_len": q_len, "kv_seq_len": kv_len,
               "sm_scale": sm_scale}
     return case.q, kv_data, case.qo_indptr, case.kv_indptr, config
@@ -47,6 +48,16 @@ def test_same_layout_new_data_and_new_lengths(make_case):
     assert len(entry._plans) == 1 and torch.equal(out_1, kept)
     kv_format = next(iter(entry._plans.values())).kv_format
     assert _error(out_1, data, kv_format) < 0.003 and _error(out_2, data_2, kv_format) < 0.003
+
+
+@pytest.mark.parametrize("num_heads", [4, 8])
+def test_the_tensor_parallel_head_counts_work(make_case, num_heads):
+    """DeepSeek-R1's 128 heads at TP32 and TP16: one GPU sees 4 or 8 heads."""
+    data = _data(make_case, q_len=2, num_heads=num_heads)
+    out = entry.custom_kernel(data)
+    assert out.shape == (6, num_heads, 512)
+    (planned,) = entry._plans.values()
+    assert _error(out, data, planned.kv_format) < 0.003
 
 
 def test_config_sm_scale_is_used(make_case):

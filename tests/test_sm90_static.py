@@ -37,6 +37,8 @@ def test_every_kernel_compiles_without_local_memory_at_two_ctas_per_sm(capsys):
     assert result.returncode == 0, result.stdout + result.stderr
     for name in ("bf16", "fp8, tile32", "fp8, tile64", "mxfp4"):
         assert f"decode_split_kernel<{name}>" in result.stdout
+        assert f"decode_split_kernel<{name}, paged>" in result.stdout
+    assert "decode_split_kernel<fp8, gather, paged>" in result.stdout
     assert "merge_splits_kernel" in result.stdout
 
 

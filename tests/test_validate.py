@@ -31,7 +31,7 @@ def test_good_input_passes(good):
     (lambda g: dict(q=g["q"].float()), TypeError, "q must have dtype torch.bfloat16, got torch.float32"),
     (lambda g: dict(q=g["q"].numpy), TypeError, "q must be a torch.Tensor"),
     (lambda g: dict(q=g["q"][..., :512].contiguous()), ValueError, "q must have shape (total_q, num_heads, 576)"),
-    (lambda g: dict(q=g["q"][:, :8].contiguous()), ValueError, "q has 8 heads; supported: (16, 32, 64, 128)"),
+    (lambda g: dict(q=g["q"][:, :12].contiguous()), ValueError, "q has 12 heads; supported: (4, 8, 16, 32, 64, 128)"),
     (lambda g: dict(q=g["q"].transpose(0, 1).contiguous().transpose(0, 1)), ValueError, "q must be contiguous"),
     (lambda g: dict(kv_cache=g["kv_cache"].half()), TypeError, "kv_cache (bf16) must have dtype torch.bfloat16"),
     (lambda g: dict(kv_cache=g["kv_cache"].reshape(-1, 576)), ValueError,

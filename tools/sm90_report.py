@@ -31,9 +31,10 @@ SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
-FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64"}                        # config.h Fp8Variant
+FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64", 2: "gather"}           # config.h Fp8Variant
 # (format, variant) of every split kernel decode.cu launches; the probe prints their dynamic shared memory in order
-SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0)]
+SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0), (1, 2)]
+PAGED = ", paged"   # the label's suffix for the kernels that read a paged cache (template argument kPaged)
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")
 # ptxas' resource lines; each named group is a field of KernelReport.ptxas
@@ -65,7 +66,7 @@ def demangle_name(mangled: str) -> str:
     args = [int(a) for a in re.findall(r"Li(\d+)E", mangled)]
     if "decode_split_kernel" in mangled:
         label = split_label(args[0], args[1]) if len(args) > 1 else FORMAT_NAMES[args[0]]
-        return f"decode_split_kernel<{label}>"
+        return f"decode_split_kernel<{label}{PAGED if 'Lb1E' in mangled else ''}>"
     return f"merge_splits_kernel<{args[0]}>" if args else "merge_splits_kernel"
 
 
@@ -104,7 +105,7 @@ def assess(reports: list, dynamic_smem: dict) -> list:
     for r in reports:
         fmt = re.search(r"<(.+)>", r.name) if r.name.startswith("decode_split_kernel") else None
         if fmt:
-            r.dynamic_smem = dynamic_smem[fmt.group(1)]
+            r.dynamic_smem = dynamic_smem[fmt.group(1).removesuffix(PAGED)]   # paging adds no shared memory
         threads = THREADS[r.name.split("<")[0]]
         by_regs = REGISTERS_PER_SM // max(1, r.ptxas["registers"] * threads)
         smem = r.ptxas["static_smem"] + r.dynamic_smem + SMEM_RESERVED_PER_CTA

@@ -7,7 +7,9 @@ passes per token, coarser ends of rows: each is the fastest on some shapes, NOTE
 forward (binding.cpp), on the current stream, with no sync and no allocation after the first call of a shape (the
 split workspace is cached per (device, rows, heads, splits) and reused; outputs never are).
 
-Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16. The
+Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
+Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
+mixed_mla/paged.py): the same kernels gather each tile's rows through the block table (no copy of the cache). The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
 fp8 runs f16 products with Q scaled per head by a power of two, so no input is rounded beyond f16/bf16.
 
@@ -18,7 +20,7 @@ import functools
 
 import torch
 
-from ..constants import HEAD_GROUP, V_HEAD_DIM
+from ..constants import SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
 
 KERNEL_DIR = "sm90/decode"
@@ -35,7 +37,8 @@ _workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_ls
 
 
 def supports(kv_format, num_heads):
-    return kv_format in FORMAT_CODES and num_heads % HEAD_GROUP == 0
+    # 4 and 8 heads run as one partly filled group of HEAD_GROUP (the kernels mask the other rows)
+    return kv_format in FORMAT_CODES and num_heads in SUPPORTED_NUM_HEADS
 
 
 def available(device):
@@ -81,8 +84,9 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
     total_q, num_heads = q.shape[0], q.shape[1]
     splits = splits_for(plan.num_splits, total_q, num_heads)
     partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
+    no_pages = _no_pages(q.device)
     return (q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code, FP8_VARIANTS[plan.variant],
-            splits, max(1, int(max_q_len or 1)), float(sm_scale))
+            splits, max(1, int(max_q_len or 1)), float(sm_scale), no_pages, no_pages)
 
 
 def _workspace(device, total_q, num_heads, splits):
@@ -95,3 +99,34 @@ def _workspace(device, total_q, num_heads, splits):
                    torch.empty(rows, dtype=torch.float32, device=device))
         _workspaces[key] = buffers
     return buffers
+
+
+# Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come
+# by TMA when a page holds whole tiles of the planned variant (else of 32 tokens), else row by row (config.h
+# kFp8Gather): a TMA box cannot cross pages.
+FP8_GATHER = 2
+_TILE_TOKENS = {"": 32, "tile64": 64}
+
+
+def paged_fp8_variant(variant: str, page_size: int) -> int:
+    """The fp8 kernel variant code that reads pages of page_size rows: the plan's when its tiles fit a page."""
+    for name in (variant, ""):
+        if page_size % _TILE_TOKENS[name] == 0:
+            return FP8_VARIANTS[name]
+    return FP8_GATHER
+
+
+def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len):
+    """Writes out (total_q, H, 512) bf16 from a paged cache; no sync, no allocation after the first call of a shape
+    (CUDA-graph capturable). Page ids and lengths are read on the device and clamped to the cache."""
+    args = list(forward_arguments(q, kv_cache, kv_format, qo_indptr, qo_indptr, out, plan, sm_scale, max_q_len))
+    if kv_format == "fp8":
+        args[9] = paged_fp8_variant(plan.variant, kv_cache[0].shape[1])
+    args[-2:] = block_table, seq_lens
+    _module().forward(*args)
+
+
+@functools.lru_cache(maxsize=None)
+def _no_pages(device):
+    """The empty block table / seq_lens that tell the kernel its cache is contiguous (one per device)."""
+    return torch.empty(0, dtype=torch.int32, device=device)

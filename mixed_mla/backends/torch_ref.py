@@ -13,7 +13,7 @@ and fallback path, not the fast one.
 import torch
 
 from ..constants import QK_HEAD_DIM, V_HEAD_DIM
-from ..formats import dequantize
+from ..formats import as_uint8, dequantize, mxfp4_scale_shape
 from ..validate import indptr_to_host
 
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
@@ -103,3 +103,49 @@ def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_len
         out[q_first:q_stop] = values.view(-1, num_heads, V_HEAD_DIM)
     else:
         out.index_copy_(0, q_rows, values[q_real.to(device)])
+
+
+# Cache rows gathered at once by run_paged: a group of consecutive sequences is copied out of its pages and decoded
+# as a contiguous cache (2^20 rows: 1.2 GB of bf16 at most).
+_PAGED_ROWS_PER_GROUP = 1 << 20
+
+
+def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len):
+    """The paged form (mixed_mla/paged.py): each group of sequences' rows are gathered through the block table
+    (rows past a sequence's length, and pages it does not own, are never read) and decoded as above."""
+    qo = qo_indptr.tolist()
+    lengths = seq_lens.tolist()
+    page_size = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[1]
+    first = 0
+    while first < len(lengths):
+        last, rows = first, 0
+        while last < len(lengths) and (last == first or rows + lengths[last] <= _PAGED_ROWS_PER_GROUP):
+            rows += lengths[last]
+            last += 1
+        rows_of = [_page_rows(block_table[b], lengths[b], page_size) for b in range(first, last)]
+        physical = torch.cat(rows_of) if rows_of else block_table.new_zeros(0)
+        group_qo = torch.tensor([x - qo[first] for x in qo[first:last + 1]], dtype=torch.int32)
+        group_kv = torch.tensor([0] + lengths[first:last], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        run(q[qo[first]:qo[last]], _gather_rows(kv_cache, kv_format, physical.long()), kv_format, group_qo,
+            group_kv, out[qo[first]:qo[last]], plan, sm_scale, max_q_len)
+        first = last
+
+
+def _page_rows(table_row, length, page_size):
+    """Flat row ids (page * page_size + offset) of positions 0 .. length - 1 of one sequence."""
+    positions = torch.arange(length, device=table_row.device)
+    return table_row[positions // page_size] * page_size + positions % page_size
+
+
+def _gather_rows(kv_cache, kv_format, rows):
+    """The rows of a paged cache as a contiguous cache of the same format ((N, 1, ...), padded mxfp4 scales).
+    1-byte formats are gathered as bytes: torch indexes few of their dtypes."""
+    if kv_format == "bf16":
+        return kv_cache.flatten(0, 1)[rows].unsqueeze(1)
+    data, aux = kv_cache
+    data_rows = as_uint8(data).flatten(0, 1)[rows].unsqueeze(1).view(data.dtype)
+    if kv_format == "fp8":
+        return data_rows, aux
+    scales = torch.zeros(mxfp4_scale_shape(rows.shape[0]), dtype=torch.uint8, device=aux.device)
+    scales[:rows.shape[0]] = as_uint8(aux).flatten(0, 1)[rows]
+    return data_rows, scales.view(aux.dtype)

@@ -16,24 +16,37 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
 // bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 32-token tiles,
 // 1 64-token tiles (config.h Fp8Variant; fp8 only).
+// Paged caches: block_table (batch, max_pages) int32 with contiguous rows and seq_lens (batch,) int32, both non-empty;
+// kv is then (num_pages, page_size, row) contiguous (kv_aux (num_pages, page_size, 24) for mxfp4), kv_indptr unused
+// (pass qo_indptr), fp8_variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
+// a contiguous cache.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,
-             int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale) {
+             int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
+             const torch::Tensor& block_table, const torch::Tensor& seq_lens) {
+  const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
               "q must be (total_q, H, 576) bf16 with a contiguous last dim");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
               out.size(2) == 512 && out.stride(2) == 1, "out must be (total_q, H, 512) bf16");
   const int64_t row_bytes = kv_format == 2 ? 288 : kv_format == 1 ? 576 : 1152;
-  TORCH_CHECK(kv.dim() == 3 && kv.size(1) == 1 && kv.size(2) * kv.element_size() == row_bytes &&
+  TORCH_CHECK(kv.dim() == 3 && (paged ? kv.is_contiguous() : kv.size(1) == 1) &&
+              kv.size(2) * kv.element_size() == row_bytes &&
               kv.stride(2) == 1 && (kv.stride(0) * kv.element_size()) % 16 == 0 &&
               reinterpret_cast<uintptr_t>(kv.data_ptr()) % 16 == 0, "kv rows must be 16-byte aligned");
   if (kv_format == 1) {
     TORCH_CHECK(kv_aux.scalar_type() == at::kFloat && kv_aux.numel() == 1, "fp8 scale must be float32 (1,)");
   } else if (kv_format == 2) {
-    TORCH_CHECK(kv_aux.element_size() == 1 && kv_aux.dim() == 2 && kv_aux.size(0) >= kv.size(0) &&
-                kv_aux.size(1) == 24 && kv_aux.is_contiguous(), "mxfp4 scales must be contiguous bytes (>= N, 24)");
+    if (paged) {
+      TORCH_CHECK(kv_aux.element_size() == 1 && kv_aux.dim() == 3 && kv_aux.size(0) == kv.size(0) &&
+                  kv_aux.size(1) == kv.size(1) && kv_aux.size(2) == 24 && kv_aux.is_contiguous(),
+                  "paged mxfp4 scales must be contiguous bytes (num_pages, page_size, 24)");
+    } else {
+      TORCH_CHECK(kv_aux.element_size() == 1 && kv_aux.dim() == 2 && kv_aux.size(0) >= kv.size(0) &&
+                  kv_aux.size(1) == 24 && kv_aux.is_contiguous(), "mxfp4 scales must be contiguous bytes (>= N, 24)");
+    }
   }
   TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
               qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "indptr must be int32 (batch + 1,)");
@@ -65,6 +78,22 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.num_splits = static_cast<int>(num_splits);
   p.max_q_len = static_cast<int>(max_q_len);
   p.sm_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  if (paged) {
+    TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                block_table.size(0) == qo_indptr.numel() - 1 && seq_lens.scalar_type() == at::kInt &&
+                seq_lens.numel() == block_table.size(0) && seq_lens.is_contiguous() &&
+                block_table.device() == q.device() && seq_lens.device() == q.device(),
+                "block_table must be int32 (batch, max_pages) with contiguous rows, seq_lens int32 (batch,)");
+    p.kv_indptr = nullptr;
+    p.block_table = block_table.data_ptr<int32_t>();
+    p.seq_lens = seq_lens.data_ptr<int32_t>();
+    p.block_table_stride = block_table.stride(0);
+    p.page_size = static_cast<int>(kv.size(1));
+    p.max_pages = static_cast<int>(block_table.size(1));
+    p.num_pages = static_cast<int>(kv.size(0));
+    p.num_kv_rows = static_cast<int>(kv.size(0) * kv.size(1));   // flat rows: what the fp8 tensor map spans
+    p.kv_row_stride = kv.stride(1) * kv.element_size();            // rows within a page, pages back to back
+  }
   const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), static_cast<int>(fp8_variant),
                                   c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "cuda_sm90 decode launch failed with cudaError ", err);

@@ -70,6 +70,8 @@ constexpr int kMergeThreads = 128;  // 4 output dims per thread
 
 enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
 // The fp8 kernel variants, by tile size (a launch parameter: the planner's variant; the other formats ignore it).
-enum Fp8Variant : int { kFp8Tile32 = 0, kFp8Tile64 = 1 };
+// kFp8Gather (paged caches whose pages are not whole tiles: page sizes 1 and 16) copies 32-token tiles row by row
+// with cp.async into the same swizzled layout the TMA boxes leave, since a box cannot cross pages.
+enum Fp8Variant : int { kFp8Tile32 = 0, kFp8Tile64 = 1, kFp8Gather = 2 };
 
 }  // namespace mla_sm90

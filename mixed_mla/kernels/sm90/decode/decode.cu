@@ -36,7 +36,7 @@ cudaError_t fp8_tile_map(const DecodeParams& p, int tile_tokens, CUtensorMap* ma
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kFormat, int kVariant = kFp8Tile32>
+template <int kFormat, int kVariant = kFp8Tile32, bool kPaged = false>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   using Tile = KvTile<kFormat, kVariant>;
   constexpr int kSmem = split_smem_bytes<kFormat, kVariant>();
@@ -46,8 +46,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmem);
+    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVariant, kPaged>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     if (err != cudaSuccess) return err;
     configured[device] = true;
   }
@@ -56,9 +56,29 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     err = fp8_tile_map(p, Tile::kTileTokens, &kv_map);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid(p.num_splits, p.max_q_len * (p.num_heads / kHeadGroup), p.batch);
-  decode_split_kernel<kFormat, kVariant><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
+  const dim3 grid(p.num_splits, p.max_q_len * head_groups(p.num_heads), p.batch);
+  decode_split_kernel<kFormat, kVariant, kPaged><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
   return cudaGetLastError();
+}
+
+// A paged cache: every format's kernel reads pages through the block table. fp8 takes TMA boxes when a page holds
+// whole tiles of the variant (pages of 64: both; of 32: 32-token tiles), else kFp8Gather's row-by-row copies.
+cudaError_t launch_paged(const DecodeParams& p, int kv_format, int fp8_variant, cudaStream_t stream) {
+  if (p.page_size < 1 || p.num_pages < 1 || p.max_pages < 1 || p.seq_lens == nullptr ||
+      (int64_t)p.max_pages * p.page_size > (1 << 30) || (int64_t)p.num_pages * p.page_size != p.num_kv_rows)
+    return cudaErrorInvalidValue;
+  switch (kv_format) {
+    case kFormatBf16: return launch_split<kFormatBf16, kFp8Tile32, true>(p, stream);
+    case kFormatMxfp4: return launch_split<kFormatMxfp4, kFp8Tile32, true>(p, stream);
+    case kFormatFp8:
+      if (fp8_variant == kFp8Tile32 && p.page_size % KvTile<kFormatFp8, kFp8Tile32>::kTileTokens == 0)
+        return launch_split<kFormatFp8, kFp8Tile32, true>(p, stream);
+      if (fp8_variant == kFp8Tile64 && p.page_size % KvTile<kFormatFp8, kFp8Tile64>::kTileTokens == 0)
+        return launch_split<kFormatFp8, kFp8Tile64, true>(p, stream);
+      if (fp8_variant == kFp8Gather) return launch_split<kFormatFp8, kFp8Gather, true>(p, stream);
+      return cudaErrorInvalidValue;
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
@@ -69,12 +89,16 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
   using namespace mla_sm90;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
   if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
-  if (p->num_heads % kHeadGroup != 0 || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
-      p->batch > 65535 || (int64_t)p->max_q_len * (p->num_heads / kHeadGroup) > 65535 ||
+  // Whole groups of 16 heads, or one partly filled group (the tensor-parallel counts 4 and 8).
+  const bool heads_ok = p->num_heads > 0 && (p->num_heads < kHeadGroup || p->num_heads % kHeadGroup == 0);
+  if (!heads_ok || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
+      p->batch > 65535 || (int64_t)p->max_q_len * head_groups(p->num_heads) > 65535 ||
       p->kv_row_stride % 16 != 0 || p->kv_row_stride <= 0 || p->kv_row_stride > kMaxKvRowStrideBytes)
     return cudaErrorInvalidValue;
   cudaError_t err;
-  switch (kv_format) {
+  if (p->block_table != nullptr) {
+    err = launch_paged(*p, kv_format, fp8_variant, stream);
+  } else switch (kv_format) {
     case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
     case kFormatFp8:
       if (fp8_variant == kFp8Tile32) err = launch_split<kFormatFp8, kFp8Tile32>(*p, stream);

@@ -33,6 +33,12 @@ namespace mla_sm90 {
 
 __device__ __forceinline__ int clamp_int(int v, int lo, int hi) { return min(max(v, lo), hi); }
 
+// Groups of kHeadGroup heads a query row takes: 4 and 8 heads fill one group partly (the rest of its rows are zero
+// queries whose outputs are not stored).
+__host__ __device__ __forceinline__ int head_groups(int num_heads) {
+  return (num_heads + kHeadGroup - 1) / kHeadGroup;
+}
+
 // p = 2^(x - m) of a thread's 4 scores (head rows g, g + 8); m = -inf (nothing seen yet) keeps every p at 0.
 __device__ __forceinline__ void exponentials(const float x[4], const float m[2], float pr[4]) {
   const float base0 = m[0] == -INFINITY ? 0.f : m[0], base1 = m[1] == -INFINITY ? 0.f : m[1];
@@ -86,10 +92,11 @@ __device__ __forceinline__ RowGuess guess_uniform_row(const DecodeParams& p, int
 // One query row x 16 heads over cache rows [first_row, first_row + count). `guess`: what the kernel started to load
 // before it knew the row (Q words already in q_words for guess.q_row; with TMA tiles, the guess's tile 0 on its way
 // into the last stage if guess.count > 0); a CTA's later rows pass no guess.
-template <int kFormat, int kVariant>
+// Paged (kPaged): first_row is a position in the sequence, which `map` turns into cache rows tile by tile.
+template <int kFormat, int kVariant, bool kPaged>
 __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
-                                           uint32_t& phases, int row, int head0, int first_row, int count,
-                                           int split, float kv_scale, RowGuess guess,
+                                           uint32_t& phases, const PageMap& map, int row, int head0, int first_row,
+                                           int count, int split, float kv_scale, RowGuess guess,
                                            uint32_t (&q_words)[2][kKSteps][2]) {
   using Tile = KvTile<kFormat, kVariant>;
   constexpr int kTileTokens = Tile::kTileTokens, kNTilesQK = Tile::kNTilesQK, kKStepsPV = Tile::kKStepsPV;
@@ -117,7 +124,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const bool tile0_ready = guessed_tile && guess.first_row == first_row && tiles > 0;
   const bool stray_copy = guessed_tile && !tile0_ready;
   const int rot = tile0_ready ? kLastStage : 0;
-  TilePipe<Tile> pipe(p, kv_map, bars, phases);
+  typename PipeFor<Tile, kPaged>::type pipe(p, map, kv_map, bars, phases);
   auto issue = [&](int j) {
     const int s = (j + rot) & kLastStage;
     pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + j * kTileTokens, count - j * kTileTokens);
@@ -314,11 +321,12 @@ constexpr int split_smem_bytes() {
          (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
-// grid = (num_splits, max_q_len * num_heads / 16, batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
+// grid = (num_splits, max_q_len * head_groups(num_heads), batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
 // the indptr contents, clamped to the tensors, so no indptr value can send a read out of bounds. Query r of a segment
 // of q_len rows attends its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of
 // those.
-template <int kFormat, int kVariant>
+// kPaged: the cache is pages read through p.block_table and p.seq_lens (params.h); no early guess is made.
+template <int kFormat, int kVariant, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
     decode_split_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap kv_map) {
   using Tile = KvTile<kFormat, kVariant>;
@@ -328,14 +336,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (Tile::kTma) smem += (kSwizzleAlign - smem_addr(smem_block) % kSwizzleAlign) % kSwizzleAlign;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + row_smem_bytes<kFormat, kVariant>());
   uint32_t phases = 0;
-  const int groups = p.num_heads / kHeadGroup;
+  const int groups = head_groups(p.num_heads);
   const int seg = blockIdx.z;
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
   const int first_r = blockIdx.y / groups;
   // Every other read depends on the indptr, a cold round trip, so where it pays (Tile::kGuessFirstTile: 64-token fp8
   // tiles) the guessed row's first tile and Q are requested before it (NOTES_sm90.md v49).
-  const RowGuess guess =
-      Tile::kGuessFirstTile ? guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x) : RowGuess();
+  const RowGuess guess = Tile::kGuessFirstTile && !kPaged
+                             ? guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x) : RowGuess();
   if constexpr (Tile::kTma) {
     if (threadIdx.x == 0) {
       for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
@@ -347,22 +355,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   // The indptr loads go first: waiting for them must not wait for Q's (a warp's loads complete in order).
   const int qo_lo = p.qo_indptr[seg], qo_hi = p.qo_indptr[seg + 1];
-  const int kv_lo = p.kv_indptr[seg], kv_hi = p.kv_indptr[seg + 1];
+  // Paged: the sequence's positions 0 .. seq_len - 1, within what its block-table row addresses.
+  const int kv_lo = kPaged ? 0 : p.kv_indptr[seg], kv_hi = kPaged ? p.seq_lens[seg] : p.kv_indptr[seg + 1];
+  const int kv_rows = kPaged ? p.max_pages * p.page_size : p.num_kv_rows;
+  const PageMap map(kPaged ? p.block_table + seg * p.block_table_stride : nullptr, p.page_size, p.num_pages);
   uint32_t q_words[2][kKSteps][2];
   if (guess.q_row >= 0)
     typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5, (threadIdx.x & 31) >> 2,
                                                     threadIdx.x & 3, q_words);
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
   const int q_begin = clamp_int(qo_lo, 0, p.total_q), q_end = clamp_int(qo_hi, q_begin, p.total_q);
-  const int kv_begin = clamp_int(kv_lo, 0, p.num_kv_rows), kv_end = clamp_int(kv_hi, kv_begin, p.num_kv_rows);
+  const int kv_begin = clamp_int(kv_lo, 0, kv_rows), kv_end = clamp_int(kv_hi, kv_begin, kv_rows);
   const int q_len = q_end - q_begin, kv_len = kv_end - kv_begin;
   if constexpr (Tile::kTma) __syncthreads();  // the mbarriers initialised
   const RowGuess no_guess;
   for (int r = first_r; r < q_len; r += p.max_q_len) {
     const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, blockIdx.x);
-    decode_row<kFormat, kVariant>(p, smem, &kv_map, bars, phases, q_begin + r, head0, kv_begin + rows.lo,
-                                  rows.hi - rows.lo, blockIdx.x, kv_scale, r == first_r ? guess : no_guess,
-                                  q_words);
+    decode_row<kFormat, kVariant, kPaged>(p, smem, &kv_map, bars, phases, map, q_begin + r, head0,
+                                          kv_begin + rows.lo, rows.hi - rows.lo, blockIdx.x, kv_scale,
+                                          r == first_r ? guess : no_guess, q_words);
     // Only the first row can use the guessed Q words: cleared, they need no registers through its tile loop.
     for (auto& half : q_words)
       for (auto& step : half) step[0] = step[1] = 0u;

@@ -12,6 +12,8 @@
 #pragma once
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "config.h"
 #include "params.h"
 #include "ptx.cuh"
@@ -192,6 +194,12 @@ struct RowCopier {
 template <int kFormat, int kVariant = kFp8Tile32>
 struct KvTile;
 
+// Byte `byte` of tile row `row` in a stage of padded linear rows (bf16, MXFP4 codes).
+template <int kRowStride>
+struct LinearRows {
+  __device__ __forceinline__ static int offset(int row, int byte) { return row * kRowStride + byte; }
+};
+
 template <int kVariant>
 struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
   using Rows = Bf16Rows;
@@ -202,6 +210,11 @@ struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
   static constexpr int kPrologueTiles = kStages - 1;
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
+  // Where a row's bytes land in the stage (the paged copier, PagedCopyPipe, writes row by row)
+  static constexpr int kRowBytes = kBf16RowBytes;
+  static constexpr bool kBlockScales = false;
+  static constexpr bool kCopiesRuns = true;   // Copier serves a run of consecutive rows (a tile inside a page)
+  using StageRows = LinearRows<kBf16SmemRowStride>;
 
   using Copier = RowCopier<kBf16RowBytes, kBf16SmemRowStride, kTileTokens>;
 
@@ -217,7 +230,7 @@ struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 :
   using Geometry = TileGeometry<kVariant == kFp8Tile64 ? 64 : 32>;
   using Rows = Fp8SwizzledRows<Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
-  static constexpr bool kTma = true;
+  static constexpr bool kTma = kVariant != kFp8Gather;   // kFp8Gather: cp.async row by row (PagedCopyPipe only)
   // The first tile and Q requested on a guessed layout before the indptr (decode_split.cuh, NOTES_sm90.md v49):
   // measured faster with 64-token tiles only (-1.3..2 us on 32x8192, 64x8192, 256x1024), +0.7 us at 64x1024 with 32.
   static constexpr bool kGuessFirstTile = kVariant == kFp8Tile64;
@@ -225,6 +238,14 @@ struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 :
   static constexpr int kPrologueTiles = kVariant == kFp8Tile64 ? kStages : kStages - 1;
   static constexpr int kStageBytes = kFp8Boxes * Geometry::kFp8BoxTileBytes;
   static constexpr int kExpandedBytes = 0;
+  static constexpr int kRowBytes = kFp8RowBytes;
+  static constexpr bool kBlockScales = false;
+  using StageRows = Rows;   // the swizzle the boxes leave; bytes 576..639 of a row stay unwritten and unread
+  // Contiguous and whole-page fp8 tiles come by TMA: no run copier (PagedCopyPipe gathers kFp8Gather's rows).
+  static constexpr bool kCopiesRuns = false;
+  struct Copier {
+    __device__ __forceinline__ explicit Copier(int64_t) {}
+  };
   static_assert(kStageBytes % kSwizzleAlign == 0, "every stage must stay aligned for the swizzle");
 
   // Thread 0 only: one mbarrier arrival announcing the stage's bytes, then the 5 boxes. Rows past the cache come
@@ -315,6 +336,10 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;
   static constexpr int kExpandedBytes = kTileTokens * kBf16SmemRowStride;
+  static constexpr int kRowBytes = kFp4RowBytes;
+  static constexpr bool kBlockScales = true;   // the 24 scale bytes of row r follow the codes at kPackedBytes + 24r
+  static constexpr bool kCopiesRuns = true;
+  using StageRows = LinearRows<kFp4RowBytes>;
 
   using Copier = RowCopier<kFp4RowBytes, kFp4RowBytes, kTileTokens>;
 
@@ -420,6 +445,142 @@ struct TilePipe<Tile, true> {
   __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
     await_fp8_tile<Tile>(stage, bars + s, phases, s, valid);
   }
+};
+
+// ---- Paged caches: the tiles gather their rows through the block table (no copy of the cache) ----
+
+// A sequence's logical positions -> flat cache rows (page * page_size + offset), in two steps so that a lookup can
+// be issued a tile ahead of its use: page_of loads the raw block-table entry, row does the arithmetic. Page ids are
+// clamped to the cache, so no block-table value can send a read out of bounds (the Python side checks them when
+// asked to validate). Power-of-two page sizes (1, 16, 64, ...) divide by shifting.
+struct PageMap {
+  const int32_t* table;   // this sequence's row of the block table
+  int page_size, last_page;
+  int page_shift;         // log2(page_size) when it is a power of two, else -1
+  __device__ __forceinline__ PageMap(const int32_t* t, int size, int num_pages)
+      : table(t), page_size(size), last_page(num_pages - 1), page_shift(-1) {
+#ifdef __CUDA_ARCH__
+    if (size > 0 && (size & (size - 1)) == 0) page_shift = __popc(size - 1);
+#endif
+  }
+  __device__ __forceinline__ int page_of(int position) const {
+    return __ldg(table + (page_shift >= 0 ? position >> page_shift : position / page_size));
+  }
+  __device__ __forceinline__ int row(int page, int position) const {
+    const int offset = page_shift >= 0 ? position & (page_size - 1) : position % page_size;
+    return min(max(page, 0), last_page) * page_size + offset;
+  }
+};
+
+// cp.async tiles of 32 rows through the block table (bf16, MXFP4, fp8 kFp8Gather). When a page holds whole tiles
+// (page_size a multiple of 32; Tile::kCopiesRuns) a tile is one run of rows, copied as the contiguous tiles are from
+// its first flat row. Otherwise lane l of every warp holds the flat row of the tile's row l, and warp w copies rows
+// w, w + 4, ... (the row's flat index by shuffle), its lanes taking 16-byte chunks l, l + 32, ... Rows past `valid`
+// are zero-filled without reading. The next tile's block-table entries are loaded right after a tile is issued and
+// used only at the next issue, so the load's latency hides behind a tile of work.
+template <typename Tile>
+struct PagedCopyPipe {
+  static_assert(Tile::kTileTokens == 32, "one lane per tile row");
+  static constexpr int kChunks = Tile::kRowBytes / 16;
+  static constexpr int kChunkPasses = (kChunks + 31) / 32;
+  typename Tile::Copier copier;
+  const uint8_t* kv;
+  const uint8_t* scales;
+  int64_t row_stride;
+  PageMap map;
+  bool whole_tiles;
+  int next_first = -1, next_page = 0;   // the prefetched tile's first position; this lane's raw page entry
+
+  __device__ __forceinline__ PagedCopyPipe(const DecodeParams& p, const PageMap& m, const void*, uint64_t*, uint32_t&)
+      : copier(p.kv_row_stride), kv(p.kv), scales(p.kv_block_scales), row_stride(p.kv_row_stride), map(m),
+        whole_tiles(Tile::kCopiesRuns && p.page_size % Tile::kTileTokens == 0) {}
+
+  __device__ __forceinline__ int lane_page(int first, int valid) const {
+    const int lane = threadIdx.x & 31;
+    return lane < valid ? map.page_of(first + lane) : 0;
+  }
+
+  __device__ __forceinline__ void issue(uint8_t* stage, int, const DecodeParams& p, int first, int valid) {
+    const int page = next_first == first ? next_page : lane_page(first, valid);
+    const int mine = map.row(page, first + (threadIdx.x & 31));
+    next_first = valid > Tile::kTileTokens ? first + Tile::kTileTokens : -1;
+    if (next_first >= 0) next_page = lane_page(next_first, valid - Tile::kTileTokens);
+    if constexpr (Tile::kCopiesRuns) {
+      if (whole_tiles) {
+        Tile::issue(stage, copier, p, __shfl_sync(0xffffffffu, mine, 0), valid);
+        return;
+      }
+    }
+    copy(stage, mine, valid);
+  }
+
+  __device__ __forceinline__ void copy(uint8_t* stage, int mine, int valid) const {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < Tile::kTileTokens / kWarps; ++r) {
+      const int row = r * kWarps + warp;
+      const uint8_t* src = kv + (int64_t)__shfl_sync(0xffffffffu, mine, row) * row_stride;
+      const bool ok = row < valid;
+#pragma unroll
+      for (int c = 0; c < kChunkPasses; ++c) {
+        const int chunk = lane + 32 * c;
+        if (kChunks % 32 == 0 || chunk < kChunks)
+          cp_async_16(stage + Tile::StageRows::offset(row, 16 * chunk), ok ? src + 16 * chunk : kv, ok ? 16 : 0);
+      }
+    }
+    if constexpr (Tile::kBlockScales) {
+      constexpr int kPieces = kFp4ScaleCols / 8;   // 8-byte pieces of a row's scales
+      const int row = (threadIdx.x / kPieces) & 31, part = threadIdx.x % kPieces;
+      const int flat = __shfl_sync(0xffffffffu, mine, row);
+      if (threadIdx.x < Tile::kTileTokens * kPieces) {
+        const bool ok = row < valid;
+        cp_async_8(stage + Tile::kPackedBytes + row * kFp4ScaleCols + part * 8,
+                   ok ? scales + (int64_t)flat * kFp4ScaleCols + part * 8 : scales, ok ? 8 : 0);
+      }
+    }
+  }
+  __device__ __forceinline__ void close() { cp_async_commit(); }
+  __device__ __forceinline__ void await(uint8_t*, int, int) { cp_async_wait<Tile::kStages - 2>(); }
+};
+
+// TMA tiles of a paged fp8 cache whose pages hold whole tiles (page_size a multiple of the tile): a tile is one run
+// of rows inside one page, so its boxes start at the flat row of its first position. Thread 0 alone looks up and
+// issues, a tile ahead like PagedCopyPipe.
+template <typename Tile>
+struct PagedTmaPipe {
+  const void* kv_map;
+  uint64_t* bars;
+  uint32_t& phases;
+  PageMap map;
+  int next_first = -1, next_page = 0;
+  __device__ __forceinline__ PagedTmaPipe(const DecodeParams&, const PageMap& m, const void* kv_map_, uint64_t* b,
+                                          uint32_t& ph)
+      : kv_map(kv_map_), bars(b), phases(ph), map(m) {}
+  __device__ __forceinline__ void issue(uint8_t* stage, int s, const DecodeParams&, int first, int valid) {
+    if (threadIdx.x != 0) return;
+    const int page = next_first == first ? next_page : map.page_of(first);
+    Tile::issue(stage, bars + s, kv_map, map.row(page, first));
+    next_first = valid > Tile::kTileTokens ? first + Tile::kTileTokens : -1;
+    if (next_first >= 0) next_page = map.page_of(next_first);
+  }
+  __device__ __forceinline__ void close() {}
+  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
+    await_fp8_tile<Tile>(stage, bars + s, phases, s, valid);
+  }
+};
+
+// The pipe a (tile, cache layout) uses. The contiguous pipes take (p, map, ...) too and ignore the map.
+template <typename Tile, bool kPaged>
+struct PipeFor {
+  struct type : TilePipe<Tile> {
+    __device__ __forceinline__ type(const DecodeParams& p, const PageMap&, const void* kv_map, uint64_t* b,
+                                    uint32_t& ph)
+        : TilePipe<Tile>(p, kv_map, b, ph) {}
+  };
+};
+template <typename Tile>
+struct PipeFor<Tile, true> {
+  using type = typename std::conditional<Tile::kTma, PagedTmaPipe<Tile>, PagedCopyPipe<Tile>>::type;
 };
 
 }  // namespace mla_sm90

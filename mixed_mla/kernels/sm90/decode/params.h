@@ -19,6 +19,13 @@ struct DecodeParams {
   int64_t kv_row_stride;                     // bytes, multiple of 16
   int total_q, num_heads, batch, num_kv_rows, num_splits, max_q_len;
   float sm_scale_log2;            // sm_scale * log2(e): scores go straight into exp2
+  // Paged caches (block_table != null): kv holds num_pages pages of page_size rows (num_kv_rows = their product);
+  // sequence b reads position i at row i % page_size of page block_table[b * block_table_stride + i / page_size],
+  // for i < seq_lens[b] (clamped to max_pages * page_size; page ids clamped to the cache). kv_indptr is unused.
+  const int32_t* block_table;     // (batch, >= max_pages) int32, rows block_table_stride elements apart
+  const int32_t* seq_lens;        // (batch,) int32
+  int64_t block_table_stride;
+  int page_size, max_pages, num_pages;
 };
 
 }  // namespace mla_sm90

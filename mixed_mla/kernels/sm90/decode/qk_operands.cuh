@@ -50,8 +50,14 @@ struct QkHalf {
                                         uint32_t qw[2][kKSteps][2]) const {
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      const uint16_t* src =
-          p.q + row * p.q_row_stride + (head0 + g + 8 * hr) * p.q_head_stride + warp * kDimsPerWarpQK;
+      // Head rows past num_heads (4 or 8 heads fill part of a group) read as zeros and are never stored.
+      const int head = head0 + g + 8 * hr;
+      if (head >= p.num_heads) {
+#pragma unroll
+        for (int j = 0; j < kKSteps; ++j) qw[hr][j][0] = qw[hr][j][1] = 0u;
+        continue;
+      }
+      const uint16_t* src = p.q + row * p.q_row_stride + head * p.q_head_stride + warp * kDimsPerWarpQK;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t)));

@@ -18,6 +18,7 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int row, int he
 #pragma unroll
   for (int hr = 0; hr < 2; ++hr) {
     const int head = head0 + g + 8 * hr;
+    if (head >= p.num_heads) continue;  // a row of a partly filled group (4 or 8 heads): computed, never stored
     const float inv = l[hr] > 0.f ? v_scale / l[hr] : 0.f;
 #pragma unroll
     for (int G = 0; G < kVGroups; ++G) {

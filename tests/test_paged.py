@@ -1,0 +1,199 @@
+"""decode_paged: a paged cache read through a block table gives exact attention on the same rows held contiguously.
+
+Each case quantises one contiguous cache, scatters its rows into pages in a random order (a sequence's pages are
+anywhere in the cache, block-table entries past its last page are -1), and fills every byte no sequence owns,
+whole pages and the tails of last pages, with NaN encodings (bf16 NaN, e4m3 0x7F, e8m0 0xFF): a read of any of them
+turns the output non-finite, which the strict check scores as an infinite error. The reference is exact float64
+attention on the contiguous cache (mixed_mla/exact.py), which never sees the pages. Every (device, backend) with a
+paged entry point runs: torch on CPU here, and on an H200 the cuda_sm90 kernels too.
+"""
+import itertools
+import math
+
+import pytest
+import torch
+
+from mixed_mla import backends, exact, formats, paged
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, QK_HEAD_DIM
+
+PAGE_SIZES = (1, 16, 64)
+POISON_BYTE = {"fp8": 0x7F, "mxfp4": 0xFF}   # e4m3fn NaN; an e8m0 scale of 0xFF is NaN (the codes: any)
+# (q_lens, kv_lens): q_len 1-4, an empty sequence, lengths that end inside a page and on a page boundary
+LAYOUTS = [
+    ([1, 2, 3, 4], [1, 64, 130, 17]),
+    ([1, 1, 2], [0, 200, 33]),
+    ([4], [300]),
+]
+
+
+def paged_targets():
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return [(device, name) for device in devices for name in backends.BACKEND_NAMES
+            if backends.unavailable_reason(name, device) is None and hasattr(backends.module(name), "run_paged")]
+
+
+TARGETS = paged_targets()
+TARGET_IDS = [f"{d}-{n}" for d, n in TARGETS]
+
+
+def _indptr(lengths, device):
+    return torch.tensor(list(itertools.accumulate(lengths, initial=0)), dtype=torch.int32, device=device)
+
+
+def make_paged_case(q_lens, kv_lens, num_heads, page_size, kv_format, seed, device, spare_pages=3):
+    """(q, paged cache, contiguous cache, qo_indptr, kv_indptr, block_table, seq_lens)."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, generator=gen).to(torch.bfloat16)
+    kv = torch.randn(sum(kv_lens), 1, QK_HEAD_DIM, generator=gen).to(torch.bfloat16)
+    contiguous = {"bf16": lambda: kv, "fp8": lambda: formats.quantize_fp8(kv),
+                  "mxfp4": lambda: formats.quantize_mxfp4(kv)}[kv_format]()
+    pages_of = [math.ceil(n / page_size) for n in kv_lens]
+    num_pages = sum(pages_of) + spare_pages
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    table = torch.full((len(kv_lens), max(pages_of) + 1), -1, dtype=torch.int32)
+    flat_rows = []   # the flat paged row of each contiguous row, in order
+    for b, n in enumerate(kv_lens):
+        table[b, :pages_of[b]] = torch.tensor(order[:pages_of[b]], dtype=torch.int32)
+        order = order[pages_of[b]:]
+        flat_rows += [int(table[b, i // page_size]) * page_size + i % page_size for i in range(n)]
+    rows = torch.tensor(flat_rows, dtype=torch.long)
+    paged_cache = _scatter(contiguous, kv_format, rows, num_pages, page_size)
+    move = lambda t: t.to(device)  # noqa: E731
+    return (move(q), _map(paged_cache, move), _map(contiguous, move), _indptr(q_lens, device),
+            _indptr(kv_lens, device), move(table), torch.tensor(kv_lens, dtype=torch.int32, device=device))
+
+
+def _map(cache, fn):
+    return tuple(fn(t) for t in cache) if isinstance(cache, tuple) else fn(cache)
+
+
+def _scatter(contiguous, kv_format, rows, num_pages, page_size):
+    """Pages full of NaN encodings, with the contiguous rows written at their flat paged rows."""
+    if kv_format == "bf16":
+        pages = torch.full((num_pages * page_size, QK_HEAD_DIM), float("nan"), dtype=torch.bfloat16)
+        pages[rows] = contiguous[:, 0]
+        return pages.view(num_pages, page_size, QK_HEAD_DIM)
+    data, aux = contiguous
+    data_bytes = formats.as_uint8(data).reshape(data.shape[0], -1)
+    pages = torch.full((num_pages * page_size, data_bytes.shape[1]), POISON_BYTE[kv_format], dtype=torch.uint8)
+    pages[rows] = data_bytes
+    pages = pages.view(num_pages, page_size, -1).view(data.dtype)
+    if kv_format == "fp8":
+        return pages, aux
+    scales = torch.full((num_pages * page_size, aux.shape[1]), POISON_BYTE["mxfp4"], dtype=torch.uint8)
+    scales[rows] = formats.as_uint8(aux)[:data.shape[0]]
+    return pages, scales.view(num_pages, page_size, -1).view(aux.dtype)
+
+
+def _error(out, case, kv_format):
+    q, _, contiguous, qo, kvi, _, _ = case
+    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+
+
+def _decode(case, device, backend):
+    q, cache, _, qo, _, table, lens = case
+    fmt = paged.paged_cache_of(cache, q.device)
+    planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format=fmt.kv_format,
+                               page_size=fmt.page_size, backend=backend)
+    assert planned.plan.backend == backend
+    return planned.run(q, cache, qo, table, lens, validate=True)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("layout,num_heads", [(LAYOUTS[0], 16), (LAYOUTS[1], 4), (LAYOUTS[2], 8),
+                                              (LAYOUTS[1], 128)], ids=["L0h16", "L1h4", "L2h8", "L1h128"])
+def test_paged_decode_matches_exact_attention(target, kv_format, page_size, layout, num_heads):
+    device, backend = target
+    case = make_paged_case(*layout, num_heads, page_size, kv_format, seed=page_size + num_heads, device=device)
+    out = _decode(case, device, backend)
+    err = _error(out, case, kv_format)
+    assert err <= exact.STRICT_BOUND[kv_format], f"relative L2 {err:.3g} on {device} {backend}"
+
+
+@pytest.mark.parametrize("num_heads", [32, 64])
+def test_every_head_count_through_the_one_shot_call(num_heads):
+    case = make_paged_case([2, 1], [70, 5], num_heads, 16, "bf16", seed=num_heads, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    out = paged.decode_paged(q, cache, qo, table, lens)
+    assert _error(out, case, "bf16") <= exact.STRICT_BOUND["bf16"]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_reading_the_wrong_pages_fails_the_bound(target):
+    """The negative case: a sequence that reads another sequence's pages is far outside the bound. (Its own pages
+    in another order would not be: with one query per sequence, attention does not depend on the row order.)"""
+    device, backend = target
+    case = make_paged_case([1, 2], [128, 40], 16, 16, "bf16", seed=5, device=device)
+    q, cache, contiguous, qo, kvi, table, lens = case
+    swapped = table.clone()
+    swapped[0, :3] = table[1, :3]
+    out = _decode((q, cache, contiguous, qo, kvi, swapped, lens), device, backend)
+    assert _error(out, case, "bf16") > 0.3
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+def test_one_plan_serves_new_lengths_and_block_tables(target):
+    device, backend = target
+    first = make_paged_case([1, 2, 1], [100, 30, 64], 8, 16, "fp8", seed=1, device=device)
+    q, cache, _, qo, _, table, lens = first
+    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, max_q_len=2,
+                               backend=backend)
+    assert _error(planned.run(q, cache, qo, table, lens), first, "fp8") <= exact.STRICT_BOUND["fp8"]
+    # Same shapes of every tensor (table width 8), other lengths, pages and query split.
+    second = make_paged_case([2, 1, 1], [112, 0, 7], 8, 16, "fp8", seed=2, device=device, spare_pages=8)
+    q2, cache2, _, qo2, _, table2, lens2 = second
+    assert table2.shape == table.shape and cache2[0].shape == cache[0].shape
+    assert _error(planned.run(q2, cache2, qo2, table2, lens2), second, "fp8") <= exact.STRICT_BOUND["fp8"]
+
+
+def test_the_cache_is_left_untouched():
+    case = make_paged_case([1, 3], [40, 9], 4, 16, "mxfp4", seed=3, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    before = [formats.as_uint8(t).clone() for t in cache]
+    paged.decode_paged(q, cache, qo, table, lens)
+    assert all(torch.equal(formats.as_uint8(t), b) for t, b in zip(cache, before))
+
+
+def _bad(case, **change):
+    q, cache, _, qo, _, table, lens = case
+    args = dict(q=q, kv_cache=cache, qo_indptr=qo, block_table=table, seq_lens=lens) | change
+    return paged.decode_paged(args.pop("q"), args.pop("kv_cache"), **args)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda c: dict(seq_lens=torch.tensor([2, 9999], dtype=torch.int32)), ValueError, "seq_lens\\[1\\] = 9999"),
+    (lambda c: dict(block_table=c[5].masked_fill(c[5] >= 0, 50)), ValueError, "reads a page outside"),
+    (lambda c: dict(seq_lens=c[6].long()), ValueError, "seq_lens must be a 1-D int32"),
+    (lambda c: dict(block_table=c[5][:1]), ValueError, "disagree"),
+    (lambda c: dict(qo_indptr=torch.tensor([0, 1, 3], dtype=torch.int32)), ValueError, "rise from 0 to total_q"),
+    (lambda c: dict(kv_cache=c[1].float()), TypeError, "dtype"),
+    (lambda c: dict(kv_cache=c[1][:, :, :512].contiguous()), ValueError, "shape"),
+    (lambda c: dict(q=c[0][:, :3].contiguous()), ValueError, "3 heads"),
+])
+def test_bad_input_is_refused_with_a_clear_error(change, error, match):
+    case = make_paged_case([1, 1], [2, 20], 4, 16, "bf16", seed=4, device="cpu")
+    with pytest.raises(error, match=match):
+        _bad(case, **change(case))
+
+
+def test_a_plan_refuses_another_layout():
+    case = make_paged_case([1, 1], [2, 20], 4, 16, "bf16", seed=4, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    planned = paged.plan_paged(qo, table, lens, num_heads=4, kv_format="bf16", page_size=16)
+    with pytest.raises(ValueError, match="plan again"):
+        planned.run(q, cache, qo, torch.cat([table, table], dim=1), lens)
+
+
+def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
+    """hip_gfx950 and aiter read contiguous caches only (no run_paged): a paged plan on gfx950 takes the next backend
+    that reads pages, torch, even where both are available."""
+    monkeypatch.setattr(paged, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    case = make_paged_case([1], [20], 8, 16, "fp8", seed=6, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16)
+    assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
+    with pytest.raises(RuntimeError, match="reads contiguous caches only"):
+        paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, backend="hip_gfx950")
