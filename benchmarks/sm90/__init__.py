@@ -5,6 +5,7 @@
     protocol_floor  what eval.py's timed region costs by itself, beside our custom_kernel (results/protocol/)
     host_overhead   host time of one decode call, layer by layer (results/host/)
     split_rounding  the heuristic's split count against the raw count, on shapes the table lacks (results/planner/)
+    paged_vs_contiguous  paged against contiguous cache kernel time (results/paged/)
     stream_read.cu        the fastest plain read of the cache's bytes (protocol_floor and host_overhead load it)
     instruction_rates.cu  issue rates of the decode loop's instructions (a standalone program)
     release_check.sh      the release check of the bundled submission, in one device call (results/release/)
