@@ -14,7 +14,8 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the fp8 Q quantisation (4), the zero-fix below (3 for a uniform layout, else 7). All are small
+alignment assertion), the fp8 Q quantisation (4), the v1_0 length assertion (3, variant "" only), the zero-fix below (3 for a uniform
+layout, else 7). All are small
 kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here
 (no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
 
