@@ -14,10 +14,10 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the fp8 Q quantisation (4), the v1_0 length assertion (3, variant "" only), the zero-fix below (3 for a uniform
-layout, else 7). All are small
-kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here
-(no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
+alignment assertion), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
+(3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
+timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
+all of this included.
 
 Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
 (amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, PROBLEM.md); with a bf16 cache Q
