@@ -8,8 +8,10 @@ sizes -- not against our own idea of it. Everything else (Q quantisation, page t
 the choice of builder) is the real backend code. The PRE-FIX route's choices (tests at the end) fail against the
 same model: the proof that it can disagree.
 """
+import functools
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +19,7 @@ import torch
 
 from aiter_model import fake_aiter
 from aiter_model.metadata import MI300X, MI355X, ModelError
-from mixed_mla import exact, formats
+from mixed_mla import exact, formats, selfcheck
 from mixed_mla.backends import aiter_mla
 from mixed_mla.planner import Plan
 
@@ -159,6 +161,40 @@ def test_layout_problem_names_what_v1_0_cannot_serve(name):
     assert aiter_mla.layout_problem(_plan(variant="fast"), "gfx950", kv_lens) is None
     assert (aiter_mla.layout_problem(_plan(), "gfx942", kv_lens) is None) == (0 not in kv_lens)
     assert aiter_mla.layout_problem(_plan(), "gfx950", LAYOUTS["uniform-long"].kv_lens) is None
+
+
+def test_fit_layout_plans_fast_where_v1_0_would_be_wrong_and_warns_once(monkeypatch):
+    monkeypatch.setattr(aiter_mla, "_warn_fast_instead", functools.lru_cache(maxsize=None)(
+        aiter_mla._warn_fast_instead.__wrapped__))
+    long_plan = aiter_mla.fit_layout(_plan(), "gfx950", LAYOUTS["uniform-long"].kv_lens)
+    assert long_plan == _plan()
+    with pytest.warns(RuntimeWarning, match="variant 'fast' serves it") as record:
+        for _ in range(2):
+            assert aiter_mla.fit_layout(_plan(), "gfx950", LAYOUTS["uniform-short"].kv_lens).variant == "fast"
+    assert len(record) == 1
+
+
+# ---- the run-time self-check with aiter's own layout ----
+
+@pytest.mark.parametrize("page_size", [1, 2, 8])
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_the_fixed_route_passes_its_self_check(fake, monkeypatch, variant, page_size):
+    monkeypatch.setattr(selfcheck, "_results", {})
+    plan = _plan(page_size=page_size, variant=variant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified("aiter", aiter_mla.run, plan, "cpu",
+                                  aiter_mla.selfcheck_layout(plan, fake.device.arch))
+    assert fake.metadata[-1].builder == ("v1_2" if variant == "fast" else "v1_0")
+
+
+def test_the_self_check_refuses_the_pre_fix_route_on_gfx942(monkeypatch, pre_fix):
+    """Negative case: the workspace the pre-fix route sized for 4 splits overflows under v1_0's fixed 16."""
+    monkeypatch.setattr(selfcheck, "_results", {})
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
+        assert not selfcheck.verified("aiter", aiter_mla.run, _plan(splits=4), "cpu",
+                                      aiter_mla.selfcheck_layout(_plan(splits=4), "gfx942"))
 
 
 # ---- metadata follows the layout ----

@@ -34,7 +34,10 @@ host can see it is right -- every segment has max_q_len queries (total_q == batc
 and the decode fold alike -- and otherwise runs v1_2 (metadata_choice); the segment lengths v1_0 needs (none empty,
 none shorter than 196 units off gfx942) are in the indptr contents, which the hot path does not read: they are
 asserted on the device, so a layout that breaks them raises at the next synchronisation instead of returning wrong
-rows, and layout_problem() tells a planner that has the lengths at plan time to pick "fast" instead.
+rows. Where the lengths are read anyway (api.plan without max lengths, custom_kernel's first sight of a layout),
+fit_layout() plans "fast" instead of a "" that layout_problem() says would be wrong, with a one-time warning. The
+run-time self-check (selfcheck.py) runs every (variant, format, page size) once on selfcheck_layout(): it is what
+settles page sizes 2 and 8 and the decode kernel's reading of the metadata on real hardware.
 
 Two aiter API generations are supported, detected once from the installed signatures:
   "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
@@ -47,7 +50,7 @@ import functools
 import importlib
 import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,6 +72,7 @@ MIN_KV_GRANULARITY = 16
 V1_0_FIXED_SPLITS_ARCH = "gfx942"
 V1_0_FIXED_SPLITS = 16
 V1_0_UNITS_PER_SPLIT = 196
+SELFCHECK_POISON_ROWS = 40   # at least this many poisoned cache rows past the self-check's segments
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
 
@@ -385,6 +389,37 @@ def layout_problem(plan, arch, kv_lens) -> str | None:
         return None
     return (f"aiter's v1_0 metadata (variant '') serves segments of at least {need} kv_indptr unit(s) on {arch}, "
             f"this layout has one of {units} (page_size {plan.page_size}); variant 'fast' serves it")
+
+
+@functools.lru_cache(maxsize=None)  # once per reason
+def _warn_fast_instead(problem):
+    warnings.warn(f"mixed_mla: {problem}: planning it", RuntimeWarning, stacklevel=4)
+
+
+def fit_layout(plan, arch, kv_lens):
+    """The plan to run for a layout whose KV segment lengths (tokens) the caller has read (plan time, a layout's
+    first sight): variant "fast" where v1_0 would serve them wrongly (layout_problem), with a one-time warning."""
+    problem = layout_problem(plan, arch, kv_lens)
+    if problem is None:
+        return plan
+    _warn_fast_instead(problem)
+    return replace(plan, variant=FAST_VARIANT)
+
+
+def selfcheck_layout(plan, arch):
+    """(segments as (q_len, kv_len) pairs, num_heads, poison rows) for the run-time self-check of this plan: the
+    hardest layout the route serves with it (it refuses the default one: 32 heads with q_len 4, an empty segment
+    under v1_0). Page sizes > 1: one query each, whole pages but the last, the cache padded to whole pages."""
+    page = plan.page_size
+    if plan.variant == FAST_VARIANT:   # variable query counts, an empty and a 1-key segment, a partial last page
+        segments = ((1, 100), (2, 1), (4, 333), (1, 0), (3, 700)) if page == 1 else (
+            (1, 2 * page), (1, 0), (1, 12 * page), (1, 37 * page + 3))
+    else:                              # v1_0: uniform query counts, no segment shorter than it serves
+        units = _v1_0_min_units(arch)
+        q_len = MAX_Q_LEN if page == 1 else 1
+        segments = ((q_len, units * page), (q_len, (units + 54) * page), (q_len, units * page + page // 2 + 1))
+    used = sum(kv for _, kv in segments)
+    return segments, HEAD_GROUP, SELFCHECK_POISON_ROWS + (-(used + SELFCHECK_POISON_ROWS)) % page
 
 
 def check_v1_0_lengths(kv_page_indptr: torch.Tensor, min_units: int, arch) -> None:
