@@ -118,7 +118,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
     """
     arch = device_arch(device)
-    chosen = _fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
+    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
     problem = _problem(chosen, device, num_heads)
     if problem is None:
         return chosen, backends.module(chosen.backend)
@@ -129,7 +129,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
         if alternative == chosen.backend:
             continue
         try:
-            plan = _fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative), arch,
+            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative), arch,
                                kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
@@ -140,7 +140,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     raise RuntimeError(f"no backend can run this decode on {device}: {problem}")  # torch always can: a bug
 
 
-def _fit_layout(plan: Plan, arch, kv_lens):
+def fit_layout(plan: Plan, arch, kv_lens):
     """The plan its backend fits to the layout's KV lengths (its optional fit_layout), when they are known."""
     if kv_lens is None:
         return plan

@@ -120,6 +120,10 @@ def measure(candidate: planner.Plan, shape: Shape, inputs, reference, timer: Tim
     """One record: the plan, its median time and strict error, and whether it passed (or why it could not run)."""
     q, caches, qo_indptr, kv_indptr = inputs
     record = {"shape": shape.key, "plan": plan_fields(candidate)}
+    fitted = api.fit_layout(candidate, planner.device_arch(q.device), [shape.kv_len] * shape.batch)
+    if fitted != candidate:   # not run as planned on this layout (aiter's v1_0 on short segments: docs/aiter.md)
+        record["status"] = f"refused: the backend runs {plan_fields(fitted)} for this layout instead"
+        return record
     try:
         planned = api.plan(qo_indptr, kv_indptr, num_heads=shape.num_heads, device=q.device,
                            kv_format=candidate.kv_format, max_q_len=shape.q_len, max_kv_len=shape.kv_len,
