@@ -30,7 +30,7 @@ V1_0_REFUSAL = "v1_0 metadata"
 
 def _install(monkeypatch, factory, device):
     rec = fake_aiter.install(monkeypatch, factory, device)
-    monkeypatch.setattr(aiter_mla, "device_arch", lambda _: device.arch)
+    monkeypatch.setattr(aiter_mla, "_arch", lambda _: device.arch)
     aiter_mla._probe.cache_clear()
     aiter_mla._workspace.cache_clear()
     return rec

@@ -255,6 +255,12 @@ def _ones(device, n):
     return torch.ones(n, dtype=torch.int32, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def _arch(device) -> str:
+    """The device's gfx arch, read once (it decides the v1_0 rules)."""
+    return device_arch(device)
+
+
 def _stream_id(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
@@ -462,7 +468,7 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         q_in, q_scale = quantize_q_per_tensor(q, kv.dtype)
     else:
         q_in, q_scale, kv_scale = q, None, None
-    arch = device_arch(q.device)
+    arch = _arch(q.device)
     choice = metadata_choice(plan, arch, q.shape[0], batch, max_q_len, num_heads, q_in.dtype, kv.dtype)
     kv_buffer = kv.view(kv.shape[0] // page_size, page_size, NUM_KV_HEADS, kv.shape[-1])
     kv_indices = _arange(kv.device, kv_buffer.shape[0])

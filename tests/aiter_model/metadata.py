@@ -31,7 +31,7 @@ What the model cannot say -- how the decode kernel reads a work item, e.g. kv_of
 v1_0, which gets no page_size at all (metadata.cu ~112-128) -- is fake_aiter.py's stated assumption, and what only
 hardware settles (docs/aiter.md).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PINNED_COMMIT = "8ce111717f7df3523f487fc2a11fa569cd3efaae"
 WORK_INFO_INTS = 8                  # mla.h MlaWorkInfo: batch_idx, partial_qo_loc, qo_start, qo_end, kv_start,
@@ -312,7 +312,7 @@ def _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, 
         b = _c_div(bid, ratio)
         total += (_ceil_div_pow2(kv_indptr[b + 1] - kv_indptr[b], g) + overhead) * queries.tiles(bid)
     payload = _ceil_div(total, splits) + overhead                                       # (~118)
-    return _FastParams(**{**p.__dict__, "payload": payload}), queries
+    return replace(p, payload=payload), queries
 
 
 def build_v1_2(device, qo_indptr, kv_indptr, kv_last_page_lens, heads_per_k, heads_k, page_size, g,
