@@ -15,9 +15,11 @@ from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
 from .validate import check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
-# Compiled backends whose first use per (variant, format) in a process is checked against exact attention
-# (selfcheck.py). Not aiter: it is the reference's own library, and its paged routes refuse the check's q_len 4.
-SELF_CHECKED_BACKENDS = ("cuda_sm90", "hip_gfx950")
+# Backends whose first use per (variant, format, page size) in a process is checked against exact attention
+# (selfcheck.py); a backend may declare the check's layout (selfcheck_layout) where it refuses the default one by
+# design, as aiter does (paged plans take one query per segment). aiter is checked too: its page sizes 2 and 8 and
+# its decode kernel's reading of the metadata are settled only on hardware (docs/aiter.md).
+SELF_CHECKED_BACKENDS = ("cuda_sm90", "hip_gfx950", "aiter")
 SELF_CHECK_FAILED = "it failed its self-check against exact attention"
 
 
@@ -61,7 +63,7 @@ class DecodePlan:
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
-         backend=None) -> DecodePlan:
+         backend=None, kv_lens=None) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -69,6 +71,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     either is missing the indptr arrays are read on the host (one sync) and checked to start at 0 and not decrease.
     backend: force one (as MLA_BACKEND does); a forced backend that cannot serve raises; a planned one routes to
     the next backend (see _route).
+    kv_lens: the KV segment lengths when the caller has read them (custom_kernel's first sight); a backend may fit
+    its plan to them (its optional fit_layout: aiter plans variant "fast" where v1_0 would serve them wrongly).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
@@ -85,9 +89,10 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
         qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
         check_indptr_contents(qo_host, kv_host)
         longest_q, longest_kv = longest_segments(qo_host, kv_host)
+        kv_lens = [end - start for start, end in zip(kv_host, kv_host[1:])]
         max_q_len = longest_q if max_q_len is None else max_q_len
         max_kv_len = longest_kv if max_kv_len is None else max_kv_len
-    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
 
 
@@ -105,7 +110,7 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
-def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
+def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
     Order after the planned one: the arch's other compiled backends (planner.ARCH_BACKENDS), then torch, each
@@ -113,7 +118,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
     """
     arch = device_arch(device)
-    chosen = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
+    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
     problem = _problem(chosen, device, num_heads)
     if problem is None:
         return chosen, backends.module(chosen.backend)
@@ -124,7 +129,8 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
         if alternative == chosen.backend:
             continue
         try:
-            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative)
+            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative), arch,
+                               kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
         alternative_problem = _problem(plan, device, num_heads)
@@ -134,13 +140,26 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     raise RuntimeError(f"no backend can run this decode on {device}: {problem}")  # torch always can: a bug
 
 
+def fit_layout(plan: Plan, arch, kv_lens):
+    """The plan its backend fits to the layout's KV lengths (its optional fit_layout), when they are known."""
+    if kv_lens is None:
+        return plan
+    try:
+        fit = getattr(backends.module(plan.backend), "fit_layout", None)
+    except Exception:   # a backend that fails to import: _problem reports it
+        return plan
+    return plan if fit is None else fit(plan, arch, kv_lens)
+
+
 def _problem(plan: Plan, device, num_heads: int):
     """None when plan.backend can serve this decode, else why not."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
-        if not selfcheck.verified(plan.backend, backends.module(plan.backend).run, plan, device):
+        module = backends.module(plan.backend)
+        layout = module.selfcheck_layout(plan, device_arch(device)) if hasattr(module, "selfcheck_layout") else None
+        if not selfcheck.verified(plan.backend, module.run, plan, device, layout):
             reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
     return reason
 

@@ -39,4 +39,4 @@ def _plan_layout(q, kv_data, qo_indptr, kv_indptr, config):
     check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
     max_q_len, max_kv_len = longest_segments(qo_host, kv_host)
     return api.plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, max_q_len=max_q_len,
-                    max_kv_len=max_kv_len)
+                    max_kv_len=max_kv_len, kv_lens=[end - start for start, end in zip(kv_host, kv_host[1:])])

@@ -9,7 +9,10 @@ two head groups, one split and the plan's split count (mostly-empty splits, the 
 rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails.
 
 Call (api.py): before using a planned compiled backend,
-    if not selfcheck.verified(plan.backend, backend_module.run, plan, device): <route this plan elsewhere>
+    if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout): <route this plan elsewhere>
+layout: None for the layout above, or the backend's own (segments, num_heads, poison rows) where it refuses that
+one by design (aiter_mla.selfcheck_layout: it takes 32 heads with one query per segment only, paged plans one query
+per segment, variant "" no empty segment).
 MLA_SELFCHECK=0 disables it (timing runs: the check launches the kernel and an exact float64 reference once).
 """
 import os
@@ -33,22 +36,22 @@ E8M0_NAN = 0xFF
 SEED = 20261202
 MERGED_SPLITS = 3            # split count of the merge path when the plan itself has one split
 
-_results = {}  # (backend, variant, kv_format) -> bool, for this process
+_results = {}  # (backend, variant, kv_format, page_size) -> bool, for this process
 
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-def verified(backend_name: str, run, plan, device) -> bool:
-    """True when backend `run` (the backends' run signature) agrees with exact attention for this plan's variant
-    and format, or the self-check is disabled. The first call per (backend, variant, format) runs the check; a
-    failure is warned about once and remembered."""
+def verified(backend_name: str, run, plan, device, layout=None) -> bool:
+    """True when backend `run` (the backends' run signature) agrees with exact attention for this plan's variant,
+    format and page size, or the self-check is disabled. The first call per (backend, variant, format, page size)
+    runs the check on `layout` (None: the default one); a failure is warned about once and remembered."""
     if not enabled():
         return True
-    key = (backend_name, plan.variant, plan.kv_format)
+    key = (backend_name, plan.variant, plan.kv_format, plan.page_size)
     if key not in _results:
-        problem = _check(run, plan, torch.device(device))
+        problem = _check(run, plan, torch.device(device), layout or (SEGMENTS, NUM_HEADS, POISON_ROWS))
         _results[key] = problem is None
         if problem is not None:
             warnings.warn(f"mixed_mla: self-check failed for backend {backend_name!r} variant {plan.variant!r} "
@@ -57,17 +60,17 @@ def verified(backend_name: str, run, plan, device) -> bool:
     return _results[key]
 
 
-def check_inputs(kv_format: str, device):
-    """(q, kv_cache, qo_indptr, kv_indptr) of the self-check layout, poisoned where nothing may be read."""
+def check_inputs(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS, poison_rows=POISON_ROWS):
+    """(q, kv_cache, qo_indptr, kv_indptr) of a self-check layout, poisoned where nothing may be read."""
     g = torch.Generator().manual_seed(SEED)
-    q_lens = [s[0] for s in SEGMENTS]
-    kv_lens = [s[1] for s in SEGMENTS]
+    q_lens = [s[0] for s in segments]
+    kv_lens = [s[1] for s in segments]
     used_rows = sum(kv_lens)
-    q = torch.randn(sum(q_lens), NUM_HEADS, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    kv = torch.randn(used_rows + POISON_ROWS, 1, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    kv = torch.randn(used_rows + poison_rows, 1, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
     if kv_format == "fp8":
         data, scale = quantize_fp8(kv[:used_rows])
-        poisoned = torch.full((used_rows + POISON_ROWS, 1, QK_HEAD_DIM), FP8_NAN, dtype=torch.uint8, device=device)
+        poisoned = torch.full((used_rows + poison_rows, 1, QK_HEAD_DIM), FP8_NAN, dtype=torch.uint8, device=device)
         poisoned[:used_rows] = as_uint8(data)
         cache = (poisoned.view(data.dtype), scale)
     elif kv_format == "mxfp4":
@@ -84,20 +87,21 @@ def check_inputs(kv_format: str, device):
     return q, cache, qo, kvp
 
 
-def _check(run, plan, device):
+def _check(run, plan, device, layout):
     """None when `run` passes, else what went wrong (a failing launch counts as a failure).
 
     The verdict covers the variant whatever its split count, so both code paths run: one split (stage 1 writes
     the output) and several (partials + merge; the plan's own count when it has one).
     """
-    q, cache, qo, kvp = check_inputs(plan.kv_format, device)
+    segments, num_heads, poison_rows = layout
+    q, cache, qo, kvp = check_inputs(plan.kv_format, device, segments, num_heads, poison_rows)
     ref = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE)
     bound = STRICT_BOUND[plan.kv_format]
     for num_splits in (1, plan.num_splits if plan.num_splits > 1 else MERGED_SPLITS):
-        out = torch.full((q.shape[0], NUM_HEADS, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+        out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
         try:
             run(q, cache, plan.kv_format, qo, kvp, out, replace(plan, num_splits=num_splits), DEFAULT_SM_SCALE,
-                max(s[0] for s in SEGMENTS))
+                max(s[0] for s in segments))
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         except Exception as error:  # any launch or runtime error means the variant cannot be trusted

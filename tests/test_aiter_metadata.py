@@ -1,143 +1,44 @@
-"""The aiter route on CPU, with aiter stubbed ONLY at its boundary.
+"""The aiter route on CPU against a model of aiter written from its public source (tests/aiter_model/).
 
-`aiter` and `aiter.mla` are replaced by fake modules whose three functions have the real signatures (the 2026-03
-generation; one test uses the 2025-11 PyPI generation) and emulate their documented semantics: the metadata call
-writes one work item per segment FROM THE INDPTR IT IS GIVEN (kv range in pages), and the decode call computes
-attention from that metadata alone, through the page table (kv_indices, kv_last_page_lens, 4-D paged buffer). So a
-stale metadata build, a wrong page table or a wrong Q scale shows up as a strict-accuracy failure. Rows that attend
-nothing come out of the fake as NaN: aiter leaves them undefined, and the backend must zero them.
-Everything else -- Q quantisation, page tables, buffer caching, the post-fix -- is the real backend code.
+`aiter` and `aiter.mla` are replaced at their boundary by fake modules with the real signatures whose metadata call
+runs aiter's own builders as modelled from the pinned commit (v1_0 for intra_batch_mode, v1_2 for fast_mode) on the
+indptr CONTENTS it is given, and whose decode computes attention from the buffers that call wrote. So the route is
+checked against what aiter emits -- query rows from uni_seqlen_qo, forced minimum lengths, split counts, buffer
+sizes -- not against our own idea of it. Everything else (Q quantisation, page tables, buffer caching, the zero-fix,
+the choice of builder) is the real backend code. The PRE-FIX route's choices (tests at the end) fail against the
+same model: the proof that it can disagree.
 """
+import functools
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from mixed_mla import exact, formats
+from aiter_model import fake_aiter
+from aiter_model.metadata import MI300X, MI355X, ModelError
+from mixed_mla import exact, formats, selfcheck
 from mixed_mla.backends import aiter_mla
 from mixed_mla.planner import Plan
 
 SM_SCALE = 1 / 24
+DEVICES = {"mi355x": MI355X, "mi300x": MI300X}
+V1_0_REFUSAL = "v1_0 metadata"
 
 
-# ---- the fake aiter: real signatures, emulated semantics ----
-
-class Recorder:
-    def __init__(self):
-        self.metadata_snapshots = []   # work_info_set as written by each metadata call
-        self.workspaces = []           # the work_info_set tensor object each call wrote into
-        self.decode_calls = []
-        self.skip_metadata = False     # True: the metadata call writes nothing (what a stale cache would serve)
-
-
-def _write_metadata(rec, qo_indptr, kv_indptr, work_info_set, work_indptr):
-    rec.workspaces.append(work_info_set)
-    if rec.skip_metadata:
-        return
-    batch = qo_indptr.shape[0] - 1
-    work_info_set.zero_()
-    for b in range(batch):
-        work_info_set[b, 0] = b
-        work_info_set[b, 1] = -1
-        work_info_set[b, 2:4] = qo_indptr[b:b + 2]
-        work_info_set[b, 4:6] = kv_indptr[b:b + 2]
-    work_indptr.zero_()
-    work_indptr[-1] = batch
-    rec.metadata_snapshots.append(work_info_set[:batch].clone())
-
-
-def _info(batch_size):
-    return (((2,), torch.uint64), ((2,), torch.int32), ((batch_size, 8), torch.int32),
-            ((batch_size + 1,), torch.int32), ((batch_size, 2), torch.int32), ((batch_size,), torch.int32))
-
-
-def _emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, work_indptr, work_info_set, page_size,
-                     sm_scale, q_scale, kv_scale):
-    assert kv_buffer.dim() == 4 and kv_buffer.shape[1] == page_size
-    qf = q.to(torch.float64) * (q_scale.double() if q_scale is not None else 1.0)
-    kvf = kv_buffer.to(torch.float64) * (kv_scale.double() if kv_scale is not None else 1.0)
-    for b in range(int(work_indptr[-1])):
-        _, _, q_start, q_end, page_start, page_end = work_info_set[b, :6].tolist()
-        pages = kv_indices[page_start:page_end].long()
-        keys = kvf[pages].reshape(-1, kvf.shape[-1])
-        if page_end > page_start:
-            keys = keys[:(page_end - page_start - 1) * page_size + int(kv_last_page_lens[b])]
-        num_q, num_kv = q_end - q_start, keys.shape[0]
-        for i in range(num_q):
-            visible = num_kv - num_q + i + 1
-            row = q_start + i
-            if visible <= 0:
-                o[row] = float("nan")
-                continue
-            scores = qf[row] @ keys[:visible].T * sm_scale
-            o[row] = (torch.softmax(scores, dim=-1) @ keys[:visible, :512]).to(o.dtype)
-    rec.decode_calls.append({"page_size": page_size, "q_dtype": q.dtype, "q_scale": q_scale})
-
-
-def fake_aiter_2026_03(rec):
-    def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
-                                 fast_mode=True, num_kv_splits=32, intra_batch_mode=False):
-        return _info(batch_size)
-
-    def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
-                            num_heads_k, is_causal, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
-                            reduce_final_map, reduce_partial_map, page_size=1, kv_granularity=16, max_seqlen_qo=-1,
-                            uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
-                            intra_batch_mode=False, dtype_q=None, dtype_kv=None):
-        _write_metadata(rec, seqlens_qo_indptr, seqlens_kv_indptr, work_info_set, work_indptr)
-
-    def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-                       page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0, num_kv_splits=None,
-                       num_kv_splits_indptr=None, work_meta_data=None, work_indptr=None, work_info_set=None,
-                       reduce_indptr=None, reduce_final_map=None, reduce_partial_map=None, q_scale=None,
-                       kv_scale=None, intra_batch_mode=False, return_logits=False, return_lse=False):
-        assert work_meta_data is not None, "persistent mode expected"
-        _emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, work_indptr, work_info_set,
-                         page_size, sm_scale, q_scale, kv_scale)
-
-    return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
-
-
-def fake_aiter_2025_11(rec):
-    def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
-                                 fast_mode=True):
-        return _info(batch_size)
-
-    def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, num_heads_per_head_k, num_heads_k, is_causal,
-                            work_metadata_ptrs, work_indptr, work_info, reduce_indptr, reduce_final_map,
-                            reduce_partial_map, kv_granularity=16, max_seqlen_qo=-1, uni_seqlen_qo=-1,
-                            fast_mode=True, topk=-1, max_split_per_batch=-1):
-        _write_metadata(rec, seqlens_qo_indptr, seqlens_kv_indptr, work_info, work_indptr)
-
-    def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-                       sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None,
-                       work_meta_data=None, work_indptr=None, work_info_set=None, reduce_indptr=None,
-                       reduce_final_map=None, reduce_partial_map=None, q_scale=None, kv_scale=None):
-        _emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, work_indptr, work_info_set,
-                         kv_buffer.shape[1], sm_scale, q_scale, kv_scale)
-
-    return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
-
-
-def _install(monkeypatch, factory):
-    rec = Recorder()
-    info, metadata, decode = factory(rec)
-    aiter = types.ModuleType("aiter")
-    mla = types.ModuleType("aiter.mla")
-    aiter.get_mla_metadata_info_v1, aiter.get_mla_metadata_v1, mla.mla_decode_fwd = info, metadata, decode
-    aiter.mla = mla
-    monkeypatch.setitem(sys.modules, "aiter", aiter)
-    monkeypatch.setitem(sys.modules, "aiter.mla", mla)
+def _install(monkeypatch, factory, device):
+    rec = fake_aiter.install(monkeypatch, factory, device)
+    monkeypatch.setattr(aiter_mla, "_arch", lambda _: device.arch)
     aiter_mla._probe.cache_clear()
     aiter_mla._workspace.cache_clear()
     return rec
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    rec = _install(monkeypatch, fake_aiter_2026_03)
+@pytest.fixture(params=list(DEVICES), ids=list(DEVICES))
+def fake(monkeypatch, request):
+    rec = _install(monkeypatch, fake_aiter.aiter_2026_03, DEVICES[request.param])
     yield rec
     aiter_mla._probe.cache_clear()
     aiter_mla._workspace.cache_clear()
@@ -148,21 +49,30 @@ def fake(monkeypatch):
 @dataclass(frozen=True)
 class Case:
     kv_lens: tuple
-    q_len: int = 1
+    q_lens: tuple | int = 1     # per segment, or one count for all
     heads: int = 16
-    cache_rows: int = 0        # 0: exactly sum(kv_lens)
+    cache_rows: int = 0         # 0: exactly sum(kv_lens)
+
+    @property
+    def query_counts(self):
+        return self.q_lens if isinstance(self.q_lens, tuple) else (self.q_lens,) * len(self.kv_lens)
+
+    @property
+    def max_q_len(self):
+        return max(self.query_counts)
+
+
+def _indptr(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
 def _tensors(case: Case, kv_format: str, seed=0):
     g = torch.Generator().manual_seed(seed)
-    batch = len(case.kv_lens)
     rows = case.cache_rows or sum(case.kv_lens)
-    q = torch.randn(batch * case.q_len, case.heads, 576, dtype=torch.bfloat16, generator=g)
+    q = torch.randn(sum(case.query_counts), case.heads, 576, dtype=torch.bfloat16, generator=g)
     kv = torch.randn(rows, 1, 576, dtype=torch.bfloat16, generator=g)
     kv_cache = formats.quantize_fp8(kv) if kv_format == "fp8" else kv
-    qo = torch.arange(batch + 1, dtype=torch.int32) * case.q_len
-    kvp = torch.tensor([0, *torch.tensor(case.kv_lens).cumsum(0).tolist()], dtype=torch.int32)
-    return q, kv_cache, qo, kvp
+    return q, kv_cache, _indptr(case.query_counts), _indptr(case.kv_lens)
 
 
 def _run(q, kv_cache, kv_format, qo, kvp, plan, max_q_len):
@@ -179,62 +89,147 @@ def _plan(kv_format="fp8", page_size=1, variant="", splits=4):
     return Plan("aiter", kv_format, splits, variant, page_size)
 
 
+def _served_error(case, kv_format, plan, seed=0):
+    """Strict error of the route on `case`; raises what the route raises."""
+    q, kv_cache, qo, kvp = _tensors(case, kv_format, seed)
+    out = _run(q, kv_cache, kv_format, qo, kvp, plan, case.max_q_len)
+    return _error(out, q, kv_cache, kv_format, qo, kvp)
+
+
+# ---- every layout class the library promises: served accurately, or refused with a reason; never wrong ----
+
+LAYOUTS = {
+    "uniform-long": Case((256, 320, 448, 512)),                        # >= 196 units at page size 1
+    "uniform-short": Case((16, 32, 8, 24, 21), cache_rows=120),
+    "empty-segment": Case((64, 0, 48, 32)),
+    "empty-then-one-key": Case((40, 0, 1, 56)),
+    "nonuniform-q": Case((200, 230, 260, 300), q_lens=(1, 3, 2, 4)),
+    "uniform-mtp": Case((37, 5, 300), q_lens=3),
+    "queries-without-segment": Case((24, 0, 40), q_lens=(2, 0, 1)),
+}
+PAGED_LAYOUTS = {   # every segment but the last is whole pages of 8; the last ends mid-page; spare cache rows
+    "paged-short": Case((16, 32, 0, 8, 21), cache_rows=80),
+    "paged-long": Case((1600, 1664, 2048, 1581), cache_rows=6896),
+}
+
+
+def _check_served_or_refused(case, kv_format, plan):
+    try:
+        error = _served_error(case, kv_format, plan)
+    except RuntimeError as refusal:
+        assert plan.variant == "" and V1_0_REFUSAL in str(refusal), refusal
+        return False
+    assert error < exact.STRICT_BOUND[kv_format], error
+    return True
+
+
+@pytest.mark.parametrize("variant", ["", "fast"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_every_layout_is_served_right_or_refused(fake, name, variant):
+    served = _check_served_or_refused(LAYOUTS[name], "fp8", _plan(variant=variant))
+    assert served or variant == ""   # fast metadata serves every layout
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
+@pytest.mark.parametrize("page_size", [1, 2, 8])
+@pytest.mark.parametrize("variant", ["", "fast"])
+@pytest.mark.parametrize("name", list(PAGED_LAYOUTS))
+def test_page_sizes_formats_and_variants(fake, name, kv_format, page_size, variant):
+    served = _check_served_or_refused(PAGED_LAYOUTS[name], kv_format, _plan(kv_format, page_size, variant))
+    assert served or variant == ""
+    if served:
+        call = fake.decode_calls[-1]
+        assert call["page_size"] == page_size and (call["q_scale"] is not None) == (kv_format == "fp8")
+
+
+@pytest.mark.parametrize("name", ["uniform-long"])
+def test_variant_empty_still_runs_v1_0_where_it_is_right(fake, name):
+    """Not everything is refused: uniform query counts over long segments keep the plan's builder."""
+    assert _served_error(LAYOUTS[name], "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
+    assert fake.metadata[-1].builder == "v1_0"
+
+
+def test_nonuniform_queries_run_the_fast_builder_whatever_the_variant(fake):
+    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan(variant="")) < exact.STRICT_BOUND["fp8"]
+    assert fake.metadata[-1].builder == "v1_2"
+
+
+@pytest.mark.parametrize("name", ["empty-segment", "uniform-short"])
+def test_layout_problem_names_what_v1_0_cannot_serve(name):
+    kv_lens = LAYOUTS[name].kv_lens
+    assert aiter_mla.layout_problem(_plan(), "gfx950", kv_lens) is not None
+    assert aiter_mla.layout_problem(_plan(variant="fast"), "gfx950", kv_lens) is None
+    assert (aiter_mla.layout_problem(_plan(), "gfx942", kv_lens) is None) == (0 not in kv_lens)
+    assert aiter_mla.layout_problem(_plan(), "gfx950", LAYOUTS["uniform-long"].kv_lens) is None
+
+
+def test_fit_layout_plans_fast_where_v1_0_would_be_wrong_and_warns_once(monkeypatch):
+    monkeypatch.setattr(aiter_mla, "_warn_fast_instead", functools.lru_cache(maxsize=None)(
+        aiter_mla._warn_fast_instead.__wrapped__))
+    long_plan = aiter_mla.fit_layout(_plan(), "gfx950", LAYOUTS["uniform-long"].kv_lens)
+    assert long_plan == _plan()
+    with pytest.warns(RuntimeWarning, match="variant 'fast' serves it") as record:
+        for _ in range(2):
+            assert aiter_mla.fit_layout(_plan(), "gfx950", LAYOUTS["uniform-short"].kv_lens).variant == "fast"
+    assert len(record) == 1
+
+
+# ---- the run-time self-check with aiter's own layout ----
+
+@pytest.mark.parametrize("page_size", [1, 2, 8])
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_the_fixed_route_passes_its_self_check(fake, monkeypatch, variant, page_size):
+    monkeypatch.setattr(selfcheck, "_results", {})
+    plan = _plan(page_size=page_size, variant=variant)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified("aiter", aiter_mla.run, plan, "cpu",
+                                  aiter_mla.selfcheck_layout(plan, fake.device.arch))
+    assert fake.metadata[-1].builder == ("v1_2" if variant == "fast" else "v1_0")
+
+
+def test_the_self_check_refuses_the_pre_fix_route_on_gfx942(monkeypatch, pre_fix):
+    """Negative case: the workspace the pre-fix route sized for 4 splits overflows under v1_0's fixed 16."""
+    monkeypatch.setattr(selfcheck, "_results", {})
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
+        assert not selfcheck.verified("aiter", aiter_mla.run, _plan(splits=4), "cpu",
+                                      aiter_mla.selfcheck_layout(_plan(splits=4), "gfx942"))
+
+
 # ---- metadata follows the layout ----
 
-LAYOUT_A = (64, 64, 64, 64)
-LAYOUT_B = (16, 112, 48, 80)   # same batch, same total: only the indptr CONTENTS differ
+LAYOUT_A = (256, 256, 256, 256)
+LAYOUT_B = (208, 304, 200, 312)   # same batch, same total: only the indptr CONTENTS differ
 
 
-@pytest.mark.parametrize("page_size", [1, 8])
-def test_two_layouts_of_one_shape_get_their_own_metadata(fake, page_size):
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_two_layouts_of_one_shape_get_their_own_metadata(fake, variant):
     q, kv_cache, qo, kvp = _tensors(Case(LAYOUT_A), "fp8")
-    plan = _plan(page_size=page_size)
+    plan = _plan(variant=variant)
     with torch.inference_mode():   # how serving stacks decode: no version counters to key a cache on
         out_a = _run(q, kv_cache, "fp8", qo, kvp, plan, 1)
         err_a = _error(out_a, q, kv_cache, "fp8", qo, kvp)
-        kvp.copy_(torch.tensor([0, *torch.tensor(LAYOUT_B).cumsum(0).tolist()]))   # same tensor, new contents
+        kvp.copy_(_indptr(LAYOUT_B))   # same tensor, new contents
         out_b = _run(q, kv_cache, "fp8", qo, kvp, plan, 1)
         err_b = _error(out_b, q, kv_cache, "fp8", qo, kvp)
     assert err_a < exact.STRICT_BOUND["fp8"] and err_b < exact.STRICT_BOUND["fp8"], (err_a, err_b)
     first, second = fake.metadata_snapshots
     assert not torch.equal(first, second)                      # rebuilt for the new contents ...
-    assert second[:, 4:6].tolist() == [[s // page_size, e // page_size] for s, e in
-                                       zip(kvp[:-1].tolist(), kvp[1:].tolist())]
     assert fake.workspaces[0] is fake.workspaces[1]            # ... into the same shape-keyed buffers
 
 
 def test_stale_metadata_fails_the_strict_check(fake):
     """Negative case: if the second call were served the first layout's metadata, the check must catch it."""
     q, kv_cache, qo, kvp = _tensors(Case(LAYOUT_A), "fp8")
-    _run(q, kv_cache, "fp8", qo, kvp, _plan(), 1)
-    kvp.copy_(torch.tensor([0, *torch.tensor(LAYOUT_B).cumsum(0).tolist()]))
+    _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), 1)
+    kvp.copy_(_indptr(LAYOUT_B))
     fake.skip_metadata = True
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), 1)
+    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), 1)
     assert _error(out, q, kv_cache, "fp8", qo, kvp) > 0.3
 
 
-# ---- page tables, formats, variants, MTP ----
-
-@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
-@pytest.mark.parametrize("page_size", [1, 2, 8])
-@pytest.mark.parametrize("variant", ["", "fast"])
-def test_page_sizes_formats_and_variants_are_accurate(fake, kv_format, page_size, variant):
-    # every segment but the last is whole pages; the last ends mid-page (21 rows); the cache has spare rows
-    case = Case((16, 32, 0, 8, 21), cache_rows=80)
-    q, kv_cache, qo, kvp = _tensors(case, kv_format, seed=page_size)
-    out = _run(q, kv_cache, kv_format, qo, kvp, _plan(kv_format, page_size, variant), 1)
-    assert _error(out, q, kv_cache, kv_format, qo, kvp) < exact.STRICT_BOUND[kv_format]
-    call = fake.decode_calls[-1]
-    assert call["page_size"] == page_size
-    assert (call["q_scale"] is not None) == (kv_format == "fp8")
-
-
-@pytest.mark.parametrize("q_len", [2, 3, 4])
-def test_multi_token_queries_are_causal(fake, q_len):
-    q, kv_cache, qo, kvp = _tensors(Case((37, 5, 64), q_len=q_len), "fp8", seed=q_len)
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), q_len)
-    assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
-
+# ---- rows that attend nothing ----
 
 # (qo_indptr, kv_indptr, max_q_len, rows that see nothing): a uniform layout (3 queries per segment; segment 0 has
 # no keys, segment 1 has 2 so its first query sees none) and a variable one (segment 0: 1 query, no key; segment 1:
@@ -244,14 +239,14 @@ BLIND_LAYOUTS = [([0, 3, 6], [0, 0, 2], 3, [0, 1, 2, 3]),
 
 
 def _blind_case(qo, kvp):
-    q, kv_cache, _, _ = _tensors(Case((kvp[-1],), q_len=qo[-1]), "fp8")   # one segment holding every row
+    q, kv_cache, _, _ = _tensors(Case((kvp[-1],), q_lens=qo[-1]), "fp8")   # one segment holding every row
     return q, kv_cache, torch.tensor(qo, dtype=torch.int32), torch.tensor(kvp, dtype=torch.int32)
 
 
 @pytest.mark.parametrize("qo, kvp, max_q_len, blind", BLIND_LAYOUTS)
 def test_rows_that_attend_nothing_are_zero(fake, qo, kvp, max_q_len, blind):
     q, kv_cache, qo, kvp = _blind_case(qo, kvp)
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), max_q_len)
+    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), max_q_len)
     seeing = [row for row in range(q.shape[0]) if row not in blind]
     assert out[blind].abs().max() == 0 and out[seeing].abs().amax(dim=(1, 2)).min() > 0
     assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
@@ -259,10 +254,10 @@ def test_rows_that_attend_nothing_are_zero(fake, qo, kvp, max_q_len, blind):
 
 @pytest.mark.parametrize("qo, kvp, max_q_len, blind", BLIND_LAYOUTS)
 def test_without_the_zero_fix_those_rows_fail(fake, monkeypatch, qo, kvp, max_q_len, blind):
-    """Negative case: the fake leaves NaN where aiter leaves rows undefined; the check must reject it."""
+    """Negative case: the model leaves NaN where aiter leaves rows undefined; the check must reject it."""
     q, kv_cache, qo, kvp = _blind_case(qo, kvp)
     monkeypatch.setattr(aiter_mla, "zero_rows_without_keys", lambda *args: None)
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), max_q_len)
+    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), max_q_len)
     assert _error(out, q, kv_cache, "fp8", qo, kvp) == float("inf")
 
 
@@ -283,7 +278,7 @@ def test_no_queries_or_no_keys_is_not_a_launch(fake, num_q, num_kv):
 def test_a_segment_starting_mid_page_is_refused(fake):
     q, kv_cache, qo, kvp = _tensors(Case((12, 20)), "fp8")
     with pytest.raises(RuntimeError, match="multiple of 8"):
-        _run(q, kv_cache, "fp8", qo, kvp, _plan(page_size=8), 1)
+        _run(q, kv_cache, "fp8", qo, kvp, _plan(page_size=8, variant="fast"), 1)
 
 
 @pytest.mark.parametrize("plan, max_q_len, kv_format, message", [
@@ -294,7 +289,7 @@ def test_a_segment_starting_mid_page_is_refused(fake):
     (_plan("mxfp4"), 1, "mxfp4", "MXFP4"),
 ])
 def test_unsupported_plans_raise_clearly(fake, plan, max_q_len, kv_format, message):
-    case = Case((16, 16), q_len=max_q_len)
+    case = Case((16, 16), q_lens=max_q_len)
     q, kv_cache, qo, kvp = _tensors(case, "fp8" if kv_format == "mxfp4" else kv_format)
     if kv_format == "mxfp4":
         kv_cache = formats.quantize_mxfp4(formats.dequantize_fp8(*kv_cache).to(torch.bfloat16))
@@ -302,13 +297,14 @@ def test_unsupported_plans_raise_clearly(fake, plan, max_q_len, kv_format, messa
         _run(q, kv_cache, kv_format, qo, kvp, plan, max_q_len)
 
 
-def test_more_than_16_heads_need_one_query_per_segment(fake):
-    q, kv_cache, qo, kvp = _tensors(Case((16, 16), heads=32), "fp8")
-    out = _run(q, kv_cache, "fp8", qo, kvp, _plan(), 1)
-    assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
-    q, kv_cache, qo, kvp = _tensors(Case((16, 16), q_len=2, heads=32), "fp8")
+@pytest.mark.parametrize("heads", [32, 128])
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_more_than_16_heads_need_one_query_per_segment(fake, heads, variant):
+    assert _served_error(Case((256, 300), heads=heads), "fp8", _plan(variant=variant)) < exact.STRICT_BOUND["fp8"]
     with pytest.raises(ValueError, match="one query per segment"):
-        _run(q, kv_cache, "fp8", qo, kvp, _plan(), 2)
+        _served_error(Case((256, 300), q_lens=2, heads=heads), "fp8", _plan(variant=variant))
+    with pytest.raises(ValueError, match="16 heads only"):
+        _served_error(Case((256, 304), heads=heads), "fp8", _plan(page_size=8, variant=variant))
 
 
 # ---- Q quantisation ----
@@ -327,13 +323,13 @@ def test_q_scale_follows_the_data(magnitude):
 # ---- API generations and availability ----
 
 def test_the_2025_11_generation_runs_paged_plans_unpaged(monkeypatch):
-    rec = _install(monkeypatch, fake_aiter_2025_11)
+    rec = _install(monkeypatch, fake_aiter.aiter_2025_11, MI355X)
     aiter_mla._warn_no_paging.cache_clear()
     try:
         assert aiter_mla._aiter().generation == aiter_mla.API_2025_11
         q, kv_cache, qo, kvp = _tensors(Case((16, 21)), "fp8")
         with pytest.warns(RuntimeWarning, match="page_size 8 runs as page_size 1"):
-            out = _run(q, kv_cache, "fp8", qo, kvp, _plan(page_size=8), 1)
+            out = _run(q, kv_cache, "fp8", qo, kvp, _plan(page_size=8, variant="fast"), 1)
         assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
         assert rec.decode_calls[-1]["page_size"] == 1
     finally:
@@ -376,41 +372,77 @@ def test_the_mi355x_table_routes_every_benchmark_shape_to_runnable_plans():
         plan = table[(batch, 1, kv_len, 16, "auto")]
         assert plan.kv_format == "fp8" and plan.source == "table"
         assert plan.backend in ("hip_gfx950", "aiter")
-        if plan.backend == "aiter":   # the backend's own checks accept it for the shape's cache
+        if plan.backend == "aiter":   # the backend's own checks and the v1_0 lengths accept the problem's layout
             aiter_mla._check_plan(plan, plan.page_size, 16, 1, batch * kv_len)
+            assert aiter_mla.layout_problem(plan, "gfx950", (kv_len,) * batch) is None, plan
     provenance = __import__("json").loads(text)["provenance"]
     assert "not measured by this project" in provenance["measured_by"]
 
 
-# ---- the real aiter, where there is one (an MI355X / ROCm machine); skipped elsewhere ----
+# ---- the route before issue 27, against the same model: it fails where aiter's builders misbehave ----
 
-def _real_aiter_device():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a ROCm GPU with aiter")
-    reason = aiter_mla.available("cuda")
-    if reason is not None:
-        pytest.skip(reason)
-    return torch.device("cuda")
+def pre_fix_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype):
+    """The argument choices of the route at 42975ee: the plan's variant alone picked the builder (v1_0 for ''),
+    uni_seqlen_qo -1 for non-uniform query counts, the workspace sized for plan.num_splits, no length guard."""
+    uniform_q_len = max_q_len if total_q == batch * max_q_len else -1
+    return aiter_mla.MetadataChoice(plan.variant == aiter_mla.FAST_VARIANT, uniform_q_len, plan.num_splits, 0)
 
 
-# uniform; variable with a last page partly filled (1001, 37 rows) and an empty segment; MTP with short segments
-REAL_LAYOUTS = [Case((1024,) * 4), Case((64, 8192, 8, 512, 1001), cache_rows=9784),
-                Case((16, 0, 2048, 37), cache_rows=2112), Case((37, 5, 300), q_len=2), Case((3, 70, 1025), q_len=4)]
+@pytest.fixture
+def pre_fix(monkeypatch):
+    monkeypatch.setattr(aiter_mla, "metadata_choice", pre_fix_choice)
 
 
-@pytest.mark.parametrize("case", REAL_LAYOUTS, ids=lambda c: f"{len(c.kv_lens)}seg-q{c.q_len}")
-@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
-@pytest.mark.parametrize("page_size", [1, 2, 8])
-@pytest.mark.parametrize("variant", ["", "fast"])
-def test_real_aiter_is_accurate_on_every_layout(case, kv_format, page_size, variant):
-    device = _real_aiter_device()
-    if page_size > 1 and (case.q_len > 1 or any(n % page_size for n in case.kv_lens[:-1])
-                          or (case.cache_rows or sum(case.kv_lens)) % page_size):
-        pytest.skip("refused by design for this page size (see the refusal tests)")
-    q, kv_cache, qo, kvp = _tensors(case, kv_format)
-    move = (lambda t: t.to(device))
-    q, qo, kvp = move(q), move(qo), move(kvp)
-    kv_cache = tuple(map(move, kv_cache)) if kv_format == "fp8" else move(kv_cache)
-    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=device)
-    aiter_mla.run(q, kv_cache, kv_format, qo, kvp, out, _plan(kv_format, page_size, variant, 8), SM_SCALE, case.q_len)
-    assert _error(out, q, kv_cache, kv_format, qo, kvp) < exact.STRICT_BOUND[kv_format]
+def _segment_error(case, plan, segment, seed=0):
+    """Strict error of the route's output on one segment's rows only."""
+    q, kv_cache, qo, kvp = _tensors(case, "fp8", seed)
+    out = _run(q, kv_cache, "fp8", qo, kvp, plan, case.max_q_len)
+    ref = exact.exact_attention(q, kv_cache, "fp8", qo, kvp, SM_SCALE)
+    rows = slice(int(qo[segment]), int(qo[segment + 1]))
+    return exact.relative_l2(out[rows], ref[rows])
+
+
+def test_pre_fix_nonuniform_queries_with_variant_empty_read_rows_outside_q(fake, pre_fix):
+    """Item 1: v1_0 ignores qo_indptr; with uni_seqlen_qo -1 its work items name query rows [-b, -b - 1)."""
+    with pytest.raises(ModelError, match="query rows"):
+        _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan(splits=16))   # 16: gfx942's workspace holds v1_0
+
+
+@pytest.mark.parametrize("name", ["empty-segment", "empty-then-one-key"])
+def test_pre_fix_an_empty_segment_costs_the_next_its_first_key(name, monkeypatch, pre_fix):
+    """Item 2 (on gfx942, where no 196-unit rule hides it): v1_0 forces one key into the empty segment and starts
+    the next segment after it."""
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
+    assert _segment_error(LAYOUTS[name], _plan(splits=16), segment=2) > exact.STRICT_BOUND["fp8"]
+
+
+def test_pre_fix_short_segments_divide_by_zero_on_gfx950(monkeypatch, pre_fix):
+    """Item 3: v1_0 splits a segment min(units / 196, ...) ways, then divides by that count."""
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    with pytest.raises(ModelError, match="division"):
+        _served_error(Case((100, 300, 250, 400)), "fp8", _plan())
+
+
+def test_pre_fix_gfx942_writes_past_a_workspace_sized_for_fewer_than_16_splits(monkeypatch, pre_fix):
+    """v1_0 on gfx942 splits every segment 16 ways whatever max_split_per_batch says."""
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
+    with pytest.raises(ModelError, match="out of bounds"):
+        _served_error(LAYOUTS["uniform-long"], "fp8", _plan(splits=4))
+
+
+def test_pre_fix_128_heads_with_variant_empty_on_gfx950_are_wrong(monkeypatch, pre_fix):
+    """v1_0 treats 128 heads as native; mla_decode_fwd folds them into 16-head rows on gfx950."""
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) > exact.STRICT_BOUND["fp8"]
+
+
+def test_the_fixed_route_serves_or_refuses_what_the_pre_fix_route_got_wrong(monkeypatch):
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
+    with pytest.raises(RuntimeError, match=V1_0_REFUSAL):
+        _served_error(Case((100, 300, 250, 400)), "fp8", _plan())
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
+    assert _served_error(LAYOUTS["uniform-long"], "fp8", _plan(splits=4)) < exact.STRICT_BOUND["fp8"]
+    with pytest.raises(RuntimeError, match=V1_0_REFUSAL):
+        _served_error(LAYOUTS["empty-segment"], "fp8", _plan(splits=16))

@@ -6,6 +6,7 @@ indexing bug, a kernel reading past its segment, a kernel that raises). A wrong 
 one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check.
 """
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -116,3 +117,22 @@ def test_the_layout_poisons_what_must_not_be_read():
     assert torch.isnan(data[used:].float()).all() and not torch.isnan(data[:used].float()).any()
     _, (packed, scales), _, kvp = selfcheck.check_inputs("mxfp4", "cpu")
     assert (scales.view(torch.uint8)[:, 18:] == selfcheck.E8M0_NAN).all()
+
+
+def test_a_backend_declared_layout_replaces_the_default():
+    """Backends that refuse the default layout by design (aiter: 16 heads, paged plans one query per segment)
+    are checked on their own; the same rules hold: right passes silently, wrong is refused."""
+    layout = (((1, 64), (1, 0), (1, 96)), 16, 40)
+    q, (data, _), qo, kvp = selfcheck.check_inputs("fp8", "cpu", *layout)
+    assert q.shape[:2] == (3, 16) and data.shape[0] == 200 and kvp.tolist() == [0, 64, 64, 160]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified("aiter", torch_ref.run, _plan(variant=""), "cpu", layout)
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
+        assert not selfcheck.verified("aiter", zeros_kernel, _plan(variant="fast"), "cpu", layout)
+
+
+def test_verdicts_are_per_page_size():
+    assert selfcheck.verified("aiter", torch_ref.run, _plan(variant="fast"), "cpu")
+    with pytest.warns(RuntimeWarning, match="self-check failed"):
+        assert not selfcheck.verified("aiter", zeros_kernel, replace(_plan(variant="fast"), page_size=8), "cpu")

@@ -34,7 +34,7 @@ from benchmarks.peers.ours import plan_for  # noqa: E402
 from benchmarks.provenance import git_commit, gpu_name  # noqa: E402
 from benchmarks.shapes import BENCHMARK_SHAPES, Shape, parse_shape  # noqa: E402
 from benchmarks.timing import WHOLE_CALL_WARMUP, whole_call_us  # noqa: E402
-from mixed_mla import exact, planner  # noqa: E402
+from mixed_mla import api, exact, planner  # noqa: E402
 from mixed_mla.constants import DEFAULT_SM_SCALE  # noqa: E402
 
 PARTIAL_DIR = REPO / ".build" / "autotune"
@@ -56,6 +56,10 @@ def plan_fields(plan: planner.Plan) -> dict:
 def measure(candidate: planner.Plan, shape: Shape, inputs, reference, repeats: int) -> dict:
     """One record: the plan, its median time and strict error, and whether it passed (or why it could not run)."""
     record = {"shape": shape_key(shape), "plan": plan_fields(candidate)}
+    fitted = api.fit_layout(candidate, planner.device_arch(inputs.q.device), [shape.kv_len] * shape.batch)
+    if fitted != candidate:   # not run as planned on this layout (aiter's v1_0 on short segments: docs/aiter.md)
+        record["status"] = f"refused: the backend runs {plan_fields(fitted)} for this layout instead"
+        return record
     try:
         planned = plan_for(inputs, candidate.kv_format, candidate.backend, candidate)
         cache = inputs.caches[candidate.kv_format]

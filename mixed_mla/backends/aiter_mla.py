@@ -14,15 +14,30 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the fp8 Q quantisation (4), the zero-fix below (3 for a uniform layout, else 7). All are small
-kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here
-(no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
+alignment assertion), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
+(3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
+timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
+all of this included.
 
 Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
 (amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, PROBLEM.md); with a bf16 cache Q
 stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the kernel, since
 aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel by it, and a
 layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap zero-fix).
+
+Which metadata builder runs, and the layouts each serves right (tests/aiter_model/ models both from aiter's source at
+the pinned commit; docs/aiter.md): variant "fast" runs the v1_2 builder, which reads qo_indptr and serves any layout
+the route accepts. Variant "" runs v1_0 (intra_batch_mode), which ignores qo_indptr (query rows b * uni_seqlen_qo),
+gives every segment at least one KV unit and starts the next one after it, and on all but gfx942 divides by
+min(units / 196, ...), zero for a segment shorter than 196 kv_indptr units. So a call runs v1_0 only where the
+host can see it is right -- every segment has max_q_len queries (total_q == batch * max_q_len), a head count v1_0
+and the decode fold alike -- and otherwise runs v1_2 (metadata_choice); the segment lengths v1_0 needs (none empty,
+none shorter than 196 units off gfx942) are in the indptr contents, which the hot path does not read: they are
+asserted on the device, so a layout that breaks them raises at the next synchronisation instead of returning wrong
+rows. Where the lengths are read anyway (api.plan without max lengths, custom_kernel's first sight of a layout),
+fit_layout() plans "fast" instead of a "" that layout_problem() says would be wrong, with a one-time warning. The
+run-time self-check (selfcheck.py) runs every (variant, format, page size) once on selfcheck_layout(): it is what
+settles page sizes 2 and 8 and the decode kernel's reading of the metadata on real hardware.
 
 Two aiter API generations are supported, detected once from the installed signatures:
   "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
@@ -35,11 +50,12 @@ import functools
 import importlib
 import inspect
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..constants import HEAD_GROUP, NUM_KV_HEADS
+from ..planner import device_arch
 
 API_2025_11 = "2025-11"
 API_2026_03 = "2026-03"
@@ -51,6 +67,12 @@ FAST_VARIANT = "fast"             # Plan.variant: "fast" -> fast_mode metadata, 
 VARIANTS = ("", FAST_VARIANT)
 # aiter's own tests and the leaderboard's reference cut the KV range in units of max(page_size, 16).
 MIN_KV_GRANULARITY = 16
+# aiter's v1_0 metadata builder (csrc/kernels/mla/metadata/v1_0_device.cuh, get_local_splits): a constant 16 splits
+# per segment on gfx942, elsewhere min(kv_indptr units / 196, ...) splits, which is 0 -- then a divisor -- below 196.
+V1_0_FIXED_SPLITS_ARCH = "gfx942"
+V1_0_FIXED_SPLITS = 16
+V1_0_UNITS_PER_SPLIT = 196
+SELFCHECK_POISON_ROWS = 40   # at least this many poisoned cache rows past the self-check's segments
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
 
@@ -233,6 +255,12 @@ def _ones(device, n):
     return torch.ones(n, dtype=torch.int32, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def _arch(device) -> str:
+    """The device's gfx arch, read once (it decides the v1_0 rules)."""
+    return device_arch(device)
+
+
 def _stream_id(device) -> int:
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
@@ -310,6 +338,103 @@ def _check_plan(plan, page_size, num_heads, max_q_len, num_kv_rows):
                          f"pages; use page_size 1")
     if num_heads % HEAD_GROUP:
         raise ValueError(f"aiter needs a multiple of {HEAD_GROUP} heads, got {num_heads}")
+    if page_size > 1 and num_heads > HEAD_GROUP:
+        raise ValueError(f"aiter route: page_size > 1 is used with {HEAD_GROUP} heads only (aiter folds more heads "
+                         f"into batches of {HEAD_GROUP} and then indexes kv_last_page_lens by the folded batch); "
+                         f"use page_size 1")
+
+
+@dataclass(frozen=True)
+class MetadataChoice:
+    """How one call asks aiter for metadata."""
+    fast: bool              # the v1_2 builder (fast_mode) rather than v1_0 (intra_batch_mode)
+    uniform_q_len: int      # uni_seqlen_qo: every segment's query count, -1 when they may differ
+    workspace_splits: int   # num_kv_splits that sizes the workspace (get_mla_metadata_info_v1)
+    min_kv_units: int       # v1_0: the shortest segment, in kv_indptr units, it serves right (0: no bound)
+
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+
+
+def _v1_0_min_units(arch) -> int:
+    return 1 if arch == V1_0_FIXED_SPLITS_ARCH else V1_0_UNITS_PER_SPLIT
+
+
+def _v1_0_heads_agree(arch, num_heads, q_dtype, kv_dtype) -> bool:
+    """v1_0 folds 32..112 heads into groups of 16 as the decode does, but treats 128 heads as native, which the decode
+    (aiter/mla.py mla_decode_fwd) does only on gfx942 with fp8 Q and KV; elsewhere it folds them, and the rows
+    v1_0 names are not the rows the decode reads."""
+    fp8 = q_dtype in _FP8_DTYPES and kv_dtype in _FP8_DTYPES
+    return num_heads != 128 or (arch == V1_0_FIXED_SPLITS_ARCH and fp8)
+
+
+def metadata_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype) -> MetadataChoice:
+    """The builder and arguments for one call, from host-visible facts only (no indptr contents).
+
+    max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means every
+    segment has exactly max_q_len queries: the uniform case. v1_0 takes only that (it ignores qo_indptr), and only
+    head counts it folds as the decode does; everything else runs v1_2, whatever the plan's variant.
+    """
+    uniform_q_len = max_q_len if total_q == batch * max_q_len else -1
+    v1_0 = (plan.variant != FAST_VARIANT and uniform_q_len > 0
+            and _v1_0_heads_agree(arch, num_heads, q_dtype, kv_dtype))
+    if not v1_0:
+        return MetadataChoice(True, uniform_q_len, plan.num_splits, 0)
+    splits = max(plan.num_splits, V1_0_FIXED_SPLITS) if arch == V1_0_FIXED_SPLITS_ARCH else plan.num_splits
+    return MetadataChoice(False, uniform_q_len, splits, _v1_0_min_units(arch))
+
+
+def layout_problem(plan, arch, kv_lens) -> str | None:
+    """Why this plan's metadata builder would serve these KV segment lengths (tokens) wrongly, or None; for a
+    planner that holds the lengths (plan time, a layout's first sight), which can then plan variant "fast"."""
+    if plan.variant == FAST_VARIANT or not kv_lens:
+        return None
+    units = min(-(-n // plan.page_size) for n in kv_lens)
+    need = _v1_0_min_units(arch)
+    if units >= need:
+        return None
+    return (f"aiter's v1_0 metadata (variant '') serves segments of at least {need} kv_indptr unit(s) on {arch}, "
+            f"this layout has one of {units} (page_size {plan.page_size}); variant 'fast' serves it")
+
+
+@functools.lru_cache(maxsize=None)  # once per reason
+def _warn_fast_instead(problem):
+    warnings.warn(f"mixed_mla: {problem}: planning it", RuntimeWarning, stacklevel=4)
+
+
+def fit_layout(plan, arch, kv_lens):
+    """The plan to run for a layout whose KV segment lengths (tokens) the caller has read (plan time, a layout's
+    first sight): variant "fast" where v1_0 would serve them wrongly (layout_problem), with a one-time warning."""
+    problem = layout_problem(plan, arch, kv_lens)
+    if problem is None:
+        return plan
+    _warn_fast_instead(problem)
+    return replace(plan, variant=FAST_VARIANT)
+
+
+def selfcheck_layout(plan, arch):
+    """(segments as (q_len, kv_len) pairs, num_heads, poison rows) for the run-time self-check of this plan: the
+    hardest layout the route serves with it (it refuses the default one: 32 heads with q_len 4, an empty segment
+    under v1_0). Page sizes > 1: one query each, whole pages but the last, the cache padded to whole pages."""
+    page = plan.page_size
+    if plan.variant == FAST_VARIANT:   # variable query counts, an empty and a 1-key segment, a partial last page
+        segments = ((1, 100), (2, 1), (4, 333), (1, 0), (3, 700)) if page == 1 else (
+            (1, 2 * page), (1, 0), (1, 12 * page), (1, 37 * page + 3))
+    else:                              # v1_0: uniform query counts, no segment shorter than it serves
+        units = _v1_0_min_units(arch)
+        q_len = MAX_Q_LEN if page == 1 else 1
+        segments = ((q_len, units * page), (q_len, (units + 54) * page), (q_len, units * page + page // 2 + 1))
+    used = sum(kv for _, kv in segments)
+    return segments, HEAD_GROUP, SELFCHECK_POISON_ROWS + (-(used + SELFCHECK_POISON_ROWS)) % page
+
+
+def check_v1_0_lengths(kv_page_indptr: torch.Tensor, min_units: int, arch) -> None:
+    """Device-side assertion (no sync) that every segment has at least min_units kv_indptr units: v1_0 steals the
+    next segment's first unit after an empty one and, off gfx942, divides by zero below 196 units."""
+    lens = kv_page_indptr[1:] - kv_page_indptr[:-1]
+    torch._assert_async(torch.all(lens >= min_units),
+                        f"aiter route, variant '' (v1_0 metadata) on {arch}: every KV segment needs at least "
+                        f"{min_units} kv_indptr unit(s); plan variant 'fast' for layouts with shorter segments")
 
 
 @functools.lru_cache(maxsize=None)  # once per page size
@@ -333,11 +458,7 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         out.zero_()
         return
     batch = qo_indptr.shape[0] - 1
-    fast = plan.variant == FAST_VARIANT
-    # max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means
-    # every segment has exactly max_q_len queries: the uniform case aiter has a faster schedule for.
-    uniform_q_len = max_q_len if q.shape[0] == batch * max_q_len else -1
-    if num_heads > HEAD_GROUP and uniform_q_len != 1:
+    if num_heads > HEAD_GROUP and not (max_q_len == 1 and q.shape[0] == batch):
         raise ValueError(f"aiter runs {num_heads} heads by folding them into groups of {HEAD_GROUP}, which needs "
                          f"exactly one query per segment (got {q.shape[0]} queries for {batch} segments, "
                          f"max_q_len {max_q_len})")
@@ -347,16 +468,20 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         q_in, q_scale = quantize_q_per_tensor(q, kv.dtype)
     else:
         q_in, q_scale, kv_scale = q, None, None
+    arch = _arch(q.device)
+    choice = metadata_choice(plan, arch, q.shape[0], batch, max_q_len, num_heads, q_in.dtype, kv.dtype)
     kv_buffer = kv.view(kv.shape[0] // page_size, page_size, NUM_KV_HEADS, kv.shape[-1])
     kv_indices = _arange(kv.device, kv_buffer.shape[0])
     kv_page_indptr, kv_last_page_lens = page_tables(kv_indptr, page_size)
+    if choice.min_kv_units:
+        check_v1_0_lengths(kv_page_indptr, choice.min_kv_units, arch)
 
-    work = _workspace(lib, q.device, _stream_id(q.device), batch, max_q_len, num_heads, q_in.dtype, kv.dtype, fast,
-                      plan.num_splits)
+    work = _workspace(lib, q.device, _stream_id(q.device), batch, max_q_len, num_heads, q_in.dtype, kv.dtype,
+                      choice.fast, choice.workspace_splits)
     metadata_call(lib.generation, qo_indptr, kv_page_indptr, kv_last_page_lens, num_heads, work, page_size,
-                  max_q_len, uniform_q_len, fast, plan.num_splits, q_in.dtype, kv.dtype
+                  max_q_len, choice.uniform_q_len, choice.fast, plan.num_splits, q_in.dtype, kv.dtype
                   ).invoke(lib.get_mla_metadata_v1)
     decode_call(lib.generation, q_in, kv_buffer, out, qo_indptr, kv_page_indptr, kv_indices, kv_last_page_lens,
-                max_q_len, page_size, sm_scale, fast, plan.num_splits, work, q_scale, kv_scale
+                max_q_len, page_size, sm_scale, choice.fast, plan.num_splits, work, q_scale, kv_scale
                 ).invoke(lib.mla_decode_fwd)
-    zero_rows_without_keys(out, qo_indptr, kv_indptr, uniform_q_len)
+    zero_rows_without_keys(out, qo_indptr, kv_indptr, choice.uniform_q_len)
