@@ -1,18 +1,22 @@
 """The public entry point: `decode`, or `plan` once per batch layout and `DecodePlan.run` per step.
 
-plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability);
-run() validates what is free to check on the host and launches one backend call. Plans fix launch geometry only:
-every backend reads the indptr contents on the device, so a plan stays correct for new lengths and new data.
+plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability,
+make the backend's workspace, raise an indptr violation a kernel recorded on the device since the last plan);
+run() validates what is free to check on the host, on every call, and launches one backend call. Plans fix launch
+geometry only: every backend reads the indptr contents on the device, so a plan stays correct for new lengths and
+new data. A plan owns its workspace: it is freed when the plan is.
 """
+import functools
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from . import backends, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
-from .validate import check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments
+from .planner import Plan, device_arch, forced_backend, plan_for
+from .validate import (check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments,
+                       raise_device_errors)
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Compiled backends whose first use per (variant, format) in a process is checked against exact attention
@@ -31,17 +35,28 @@ class DecodePlan:
     batch: int
     max_q_len: int         # bounds every segment's query count (DESIGN.md)
     max_kv_len: int        # a launch hint only
+    # What the backend's spec made for this plan (None when it needs none): freed with the plan.
+    workspace: object = field(default=None, repr=False, compare=False)
+    _run: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        run = self.backend.run if self.workspace is None else functools.partial(self.backend.run,
+                                                                                workspace=self.workspace)
+        object.__setattr__(self, "_run", run)
 
     @property
     def kv_format(self) -> str:
         return self.plan.kv_format
 
+    @property
+    def max_total_q(self) -> int:
+        """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
+        return self.batch * self.max_q_len
+
     def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, validate=False):
         """Attention output (total_q, H, 512) bf16: `out` when given, else a new tensor."""
         num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
-        if q.device != self.device or q.shape[1] != self.num_heads or qo_indptr.shape[0] != self.batch + 1:
-            raise ValueError(f"this plan is for batch {self.batch}, {self.num_heads} heads on {self.device}; got "
-                             f"batch {qo_indptr.shape[0] - 1}, {q.shape[1]} heads on {q.device}: plan again")
+        self.check_layout(q, qo_indptr)
         if validate:
             qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
             check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
@@ -54,10 +69,17 @@ class DecodePlan:
         self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale)
         return out
 
+    def check_layout(self, q, qo_indptr) -> None:
+        """The plan's own bounds against tensors that check_inputs has passed (host metadata only, no sync)."""
+        if (q.device != self.device or q.shape[1] != self.num_heads or qo_indptr.shape[0] != self.batch + 1
+                or q.shape[0] > self.max_total_q):
+            raise ValueError(f"this plan is for batch {self.batch}, {self.num_heads} heads, at most "
+                             f"{self.max_total_q} query rows on {self.device}; got batch {qo_indptr.shape[0] - 1}, "
+                             f"{q.shape[1]} heads, {q.shape[0]} rows on {q.device}: plan again")
+
     def launch(self, q, kv_cache, qo_indptr, kv_indptr, out, sm_scale) -> None:
-        """The backend call alone, for callers that have already validated this layout (custom_kernel)."""
-        self.backend.run(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out, self.plan, sm_scale,
-                         self.max_q_len)
+        """The backend call alone, for callers that have validated these inputs (custom_kernel does per call)."""
+        self._run(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out, self.plan, sm_scale, self.max_q_len)
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
@@ -69,10 +91,12 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     either is missing the indptr arrays are read on the host (one sync) and checked to start at 0 and not decrease.
     backend: force one (as MLA_BACKEND does); a forced backend that cannot serve raises; a planned one routes to
     the next backend (see _route).
+    Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
         device = torch.device("cuda", torch.cuda.current_device())
+    raise_device_errors(device)
     if kv_format is not None:
         check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -88,7 +112,9 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
         max_q_len = longest_q if max_q_len is None else max_q_len
         max_kv_len = longest_kv if max_kv_len is None else max_kv_len
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
-    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
+    make_workspace = backends.spec(chosen.backend).workspace
+    workspace = None if make_workspace is None else make_workspace(chosen, batch * max_q_len, num_heads, device)
+    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, workspace)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
@@ -99,7 +125,13 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
     validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
     """
-    check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
+    num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
+    if max_q_len is None or max_kv_len is None:   # read them here, where the contents meet the tensors' bounds
+        qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
+        check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
+        longest_q, longest_kv = longest_segments(qo_host, kv_host)
+        max_q_len = longest_q if max_q_len is None else max_q_len
+        max_kv_len = longest_kv if max_kv_len is None else max_kv_len
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
                    max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
@@ -108,7 +140,7 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
-    Order after the planned one: the arch's other compiled backends (planner.ARCH_BACKENDS), then torch, each
+    Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
     re-planned for itself (so kv_format=None gets that backend's fastest format). A forced backend (argument or
     MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
     """
@@ -120,7 +152,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     if backend is not None or forced_backend() is not None:
         raise RuntimeError(f"the requested backend {chosen.backend!r} cannot run here: {problem}")
     _warn_once(chosen.backend, problem)
-    for alternative in ARCH_BACKENDS.get(arch, ()) + ("torch",):
+    for alternative in backends.native_backends(arch) + (backends.FALLBACK,):
         if alternative == chosen.backend:
             continue
         try:

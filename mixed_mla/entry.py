@@ -1,38 +1,57 @@
 """custom_kernel(data): the leaderboard's calling convention on top of api.plan / DecodePlan.launch.
 
-The first call with a layout validates every input, indptr contents included (one sync), and plans it (format
-and backend from the planner, MLA_* env respected). Later calls with the same layout key are a dictionary lookup
-and one backend call. The key holds everything the cached plan depends on that is free to read on the host; the
-indptr contents are not in it and need not be: backends read them on the device, a plan fixes only launch
-geometry (DESIGN.md), and the output is a new tensor each call.
+Every call validates what is free to read on the host (dtypes, shapes, devices, contiguity of the inputs it
+uses, the config against the tensors, the plan's bounds): nothing an earlier call planned or cached skips that.
+The first call with a layout also validates the indptr contents (one sync) and plans it (format and backend from
+the planner, MLA_* env respected). Later calls with the same layout key are those checks, a lookup in a bounded
+(LRU) cache of plans, and one backend call. The key holds everything a plan depends on that is free to read on
+the host; the indptr contents are not in it and need not be: backends read them on the device, clamped, and
+report bad ones at the next plan (validate.py), a plan fixes only launch geometry (DESIGN.md), and the output is
+a new tensor each call.
 """
+from collections import OrderedDict
+
 import torch
 
 from . import api
 from .constants import V_HEAD_DIM
 from .validate import check_indptr_contents, check_inputs, indptr_to_host, longest_segments
 
-_plans = {}  # layout key -> DecodePlan
+# Layouts kept planned at once: a serving load (total_q changes every step) replans the oldest, never grows
+# without bound; each plan holds its backend's workspace, freed when it leaves.
+MAX_PLANNED_LAYOUTS = 64
+_plans = OrderedDict()  # layout key -> DecodePlan, least recently used first
 
 
 def custom_kernel(data):
     q, kv_data, qo_indptr, kv_indptr, config = data
+    _check_config(q, qo_indptr, config)
     key = (config["batch_size"], config["q_seq_len"], config["kv_seq_len"], config["num_heads"],
            q.shape, kv_data["bf16"].shape, q.device)
     planned = _plans.get(key)
     if planned is None:
-        planned = _plan_layout(q, kv_data, qo_indptr, kv_indptr, config)
+        planned = _plan_layout(q, kv_data, qo_indptr, kv_indptr)
         _plans[key] = planned
+        if len(_plans) > MAX_PLANNED_LAYOUTS:
+            _plans.popitem(last=False)
+    else:
+        _plans.move_to_end(key)
+        kv_cache = kv_data[planned.kv_format]
+        check_inputs(q, kv_cache, planned.kv_format, qo_indptr, kv_indptr)
+        planned.check_layout(q, qo_indptr)
     out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
     planned.launch(q, kv_data[planned.kv_format], qo_indptr, kv_indptr, out, config["sm_scale"])
     return out
 
 
-def _plan_layout(q, kv_data, qo_indptr, kv_indptr, config):
-    """Validate a first-seen layout in full and plan it for the lengths its indptr arrays actually hold."""
+def _check_config(q, qo_indptr, config):
     if q.shape[1] != config["num_heads"] or qo_indptr.shape[0] != config["batch_size"] + 1:
         raise ValueError(f"config says batch {config['batch_size']} with {config['num_heads']} heads; the tensors "
                          f"have batch {qo_indptr.shape[0] - 1} with {q.shape[1]} heads")
+
+
+def _plan_layout(q, kv_data, qo_indptr, kv_indptr):
+    """Validate a first-seen layout in full and plan it for the lengths its indptr arrays actually hold."""
     for kv_format, kv_cache in kv_data.items():
         num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr)
     qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)

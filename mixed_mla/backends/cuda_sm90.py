@@ -15,27 +15,41 @@ The build happens in `available` (the first plan on a device), outside any timed
 torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
 """
 import functools
+from typing import NamedTuple
 
 import torch
 
-from ..constants import HEAD_GROUP, V_HEAD_DIM
+from . import BackendSpec
+from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
+from ..validate import device_error_flag
 
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
-FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
 FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
-MAX_SPLITS = 64                                     # config.h kMaxSplits
+TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
 _PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 
-_workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_lse)
+
+class Workspace(NamedTuple):
+    """The split partials of one plan: sized for its largest total_q at its split count."""
+    splits: int
+    partial_out: torch.Tensor   # bf16 (total_q * H * splits * 512,), empty when splits == 1
+    partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
+    max_total_q: int
+    error_flag: torch.Tensor    # int32 (2,): the device's indptr violation flag (validate.device_error_flag)
 
 
-def supports(kv_format, num_heads):
-    return kv_format in FORMAT_CODES and num_heads % HEAD_GROUP == 0
+def make_workspace(plan, max_total_q: int, num_heads: int, device) -> Workspace:
+    """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan)."""
+    splits = splits_for(plan.num_splits, max_total_q, num_heads)
+    rows = max_total_q * num_heads * splits if splits > 1 else 0
+    return Workspace(splits, torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
+                     torch.empty(rows, dtype=torch.float32, device=device), max_total_q,
+                     device_error_flag(torch.device(device)))
 
 
 def available(device):
@@ -64,34 +78,38 @@ def splits_for(requested: int, total_q: int, num_heads: int) -> int:
     return max(1, min(int(requested), MAX_SPLITS, by_workspace))
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):
     """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
-    kernel strides over their rows), so a wrong hint costs time, never correctness."""
+    kernel strides over their rows), so a wrong hint costs time, never correctness. workspace: the plan's
+    (make_workspace); None makes one for this call alone."""
     _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale,
-                                         max_q_len))
+                                         max_q_len, workspace))
 
 
-def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):
     """The C++ forward's arguments for run's inputs (bench/host_overhead.py times the forward alone with them)."""
-    code = FORMAT_CODES[kv_format]
+    code = KV_FORMAT_CODES[kv_format]
     if plan.variant not in FP8_VARIANTS or (plan.variant and kv_format != "fp8"):
         raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_VARIANTS)} "
                          f"(non-empty for fp8 only)")
-    kv, aux = (kv_cache, kv_cache) if code == 0 else kv_cache
-    total_q, num_heads = q.shape[0], q.shape[1]
-    splits = splits_for(plan.num_splits, total_q, num_heads)
-    partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
-    return (q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code, FP8_VARIANTS[plan.variant],
-            splits, max(1, int(max_q_len or 1)), float(sm_scale))
+    kv, aux = (kv_cache, kv_cache) if kv_format == "bf16" else kv_cache
+    if workspace is None:
+        workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
+    elif q.shape[0] > workspace.max_total_q:
+        raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
+                         f"plan again")
+    return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
+            workspace.error_flag, code, FP8_VARIANTS[plan.variant], workspace.splits,
+            max(1, int(max_q_len or 1)), float(sm_scale))
 
 
-def _workspace(device, total_q, num_heads, splits):
-    """bf16 split partials and fp32 LSEs for this shape, allocated once and reused (never returned to callers)."""
-    key = (device, total_q, num_heads, splits)
-    buffers = _workspaces.get(key)
-    if buffers is None:
-        rows = total_q * num_heads * splits if splits > 1 else 0
-        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
-                   torch.empty(rows, dtype=torch.float32, device=device))
-        _workspaces[key] = buffers
-    return buffers
+# Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.15-2x
+# slower than fp8 on the 6 larger benchmark shapes, within ~1 us of it on 4x1024 and 32x1024 (H200, 2026-12-03),
+# where the planner's table, not this default, picks the format. fp8 defaults to 64-token tiles where a split's
+# share of a row is long (2048-8192 tokens per split measured 1-5% faster, the steady state dominating), 32-token
+# tiles below (256 tokens at two CTAs per SM measured 8% slower with 64; ties in between).
+SPEC = BackendSpec(
+    name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
+    num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0),
+    variants=tuple(FP8_VARIANTS), variant_formats={"tile64": ("fp8",)}, tile_tokens=TILE_TOKENS,
+    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace)
