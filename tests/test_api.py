@@ -185,3 +185,17 @@ def test_mxfp4_without_a_working_hip_backend_goes_to_torch_not_aiter(make_case, 
     with pytest.warns(RuntimeWarning):
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="mxfp4")
     assert (planned.plan.backend, planned.kv_format) == ("torch", "mxfp4")
+
+
+def test_a_plan_checks_every_run_not_only_its_first(make_case):
+    """Bad input after a good run with the same plan is refused: host metadata on every run, and the indptr
+    contents by the torch backend, which reads them on the host anyway."""
+    case = make_case([1, 1, 1], [5, 70, 9])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="bf16", backend="torch")
+    planned.run(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr)
+    with pytest.raises(TypeError, match="q must have dtype torch.bfloat16, got torch.float32"):
+        planned.run(case.q.float(), case.kv_bf16, case.qo_indptr, case.kv_indptr)
+    with pytest.raises(ValueError, match="kv_indptr must be non-decreasing"):
+        planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 70, 5, 84], dtype=torch.int32))
+    with pytest.raises(ValueError, match="kv_indptr.-1. = 85 must be at most the number of rows, 84"):
+        planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 5, 75, 85], dtype=torch.int32))
