@@ -15,8 +15,7 @@ import torch
 from . import backends, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import (check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments,
-                       raise_device_errors)
+from .validate import check_inputs, check_kv_format, checked_longest_segments, raise_device_errors
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Compiled backends whose first use per (variant, format) in a process is checked against exact attention
@@ -58,9 +57,7 @@ class DecodePlan:
         num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
         self.check_layout(q, qo_indptr)
         if validate:
-            qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-            check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
-            longest_q = longest_segments(qo_host, kv_host)[0]
+            longest_q = checked_longest_segments(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)[0]
             if longest_q > self.max_q_len:
                 raise ValueError(f"a segment has {longest_q} queries but this plan bounds them at {self.max_q_len}: "
                                  f"plan again")
@@ -105,12 +102,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
         raise ValueError(f"qo_indptr and kv_indptr must both have shape (batch + 1,) with batch >= 1; got "
                          f"{tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}")
     batch = qo_indptr.shape[0] - 1
-    if max_q_len is None or max_kv_len is None:
-        qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-        check_indptr_contents(qo_host, kv_host)
-        longest_q, longest_kv = longest_segments(qo_host, kv_host)
-        max_q_len = longest_q if max_q_len is None else max_q_len
-        max_kv_len = longest_kv if max_kv_len is None else max_kv_len
+    max_q_len, max_kv_len = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
     make_workspace = backends.spec(chosen.backend).workspace
     workspace = None if make_workspace is None else make_workspace(chosen, batch * max_q_len, num_heads, device)
@@ -126,15 +118,20 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
     """
     num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
-    if max_q_len is None or max_kv_len is None:   # read them here, where the contents meet the tensors' bounds
-        qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-        check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
-        longest_q, longest_kv = longest_segments(qo_host, kv_host)
-        max_q_len = longest_q if max_q_len is None else max_q_len
-        max_kv_len = longest_kv if max_kv_len is None else max_kv_len
+    # read here when missing, where the contents meet the tensors' bounds
+    max_q_len, max_kv_len = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
                    max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
+
+
+def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv=None):
+    """(max_q_len, max_kv_len): as given, else read from the indptr contents (checked; one sync)."""
+    if max_q_len is None or max_kv_len is None:
+        longest_q, longest_kv = checked_longest_segments(qo_indptr, kv_indptr, total_q, total_kv)
+        max_q_len = longest_q if max_q_len is None else max_q_len
+        max_kv_len = longest_kv if max_kv_len is None else max_kv_len
+    return max_q_len, max_kv_len
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):

@@ -15,7 +15,7 @@ import torch
 
 from . import api
 from .constants import V_HEAD_DIM
-from .validate import check_indptr_contents, check_inputs, indptr_to_host, longest_segments
+from .validate import check_inputs, checked_longest_segments
 
 # Layouts kept planned at once: a serving load (total_q changes every step) replans the oldest, never grows
 # without bound; each plan holds its backend's workspace, freed when it leaves.
@@ -54,8 +54,6 @@ def _plan_layout(q, kv_data, qo_indptr, kv_indptr):
     """Validate a first-seen layout in full and plan it for the lengths its indptr arrays actually hold."""
     for kv_format, kv_cache in kv_data.items():
         num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr)
-    qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-    check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
-    max_q_len, max_kv_len = longest_segments(qo_host, kv_host)
+    max_q_len, max_kv_len = checked_longest_segments(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)
     return api.plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, max_q_len=max_q_len,
                     max_kv_len=max_kv_len)

@@ -183,6 +183,13 @@ def check_indptr_contents(qo_host: list, kv_host: list, total_q=None, total_kv=N
             raise ValueError(f"{name}[-1] = {values[-1]} must {relation} the number of rows, {total}")
 
 
+def checked_longest_segments(qo_indptr, kv_indptr, total_q=None, total_kv=None):
+    """(longest query segment, longest KV segment) of the indptr tensors, their contents checked (one sync)."""
+    qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
+    check_indptr_contents(qo_host, kv_host, total_q, total_kv)
+    return longest_segments(qo_host, kv_host)
+
+
 def indptr_to_host(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor):
     """Both indptr arrays as Python lists with one device->host copy."""
     both = torch.stack((qo_indptr, kv_indptr)).tolist()
