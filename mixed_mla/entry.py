@@ -25,9 +25,13 @@ _plans = OrderedDict()  # layout key -> DecodePlan, least recently used first
 
 def custom_kernel(data):
     q, kv_data, qo_indptr, kv_indptr, config = data
-    _check_config(q, qo_indptr, config)
-    key = (config["batch_size"], config["q_seq_len"], config["kv_seq_len"], config["num_heads"],
-           q.shape, kv_data["bf16"].shape, q.device)
+    batch, num_heads, q_shape = config["batch_size"], config["num_heads"], q.shape
+    if len(q_shape) != 3 or q_shape[1] != num_heads or qo_indptr.shape[0] != batch + 1:
+        raise ValueError(f"config says batch {batch} with {num_heads} heads; the tensors have q of shape "
+                         f"{tuple(q_shape)} and batch {qo_indptr.shape[0] - 1}")
+    # The plan for a key was made from tensors with exactly these shapes, device and config: its own bounds
+    # (heads, query rows, device, batch) hold for every call that finds it. What the key leaves out is checked below.
+    key = (batch, config["q_seq_len"], config["kv_seq_len"], num_heads, q_shape, kv_data["bf16"].shape, q.device)
     planned = _plans.get(key)
     if planned is None:
         planned = _plan_layout(q, kv_data, qo_indptr, kv_indptr)
@@ -36,18 +40,11 @@ def custom_kernel(data):
             _plans.popitem(last=False)
     else:
         _plans.move_to_end(key)
-        kv_cache = kv_data[planned.kv_format]
-        check_inputs(q, kv_cache, planned.kv_format, qo_indptr, kv_indptr)
-        planned.check_layout(q, qo_indptr)
-    out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-    planned.launch(q, kv_data[planned.kv_format], qo_indptr, kv_indptr, out, config["sm_scale"])
+    kv_cache = kv_data[planned.kv_format]
+    check_inputs(q, kv_cache, planned.kv_format, qo_indptr, kv_indptr)
+    out = torch.empty(q_shape[0], num_heads, V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    planned.launch(q, kv_cache, qo_indptr, kv_indptr, out, config["sm_scale"])
     return out
-
-
-def _check_config(q, qo_indptr, config):
-    if q.shape[1] != config["num_heads"] or qo_indptr.shape[0] != config["batch_size"] + 1:
-        raise ValueError(f"config says batch {config['batch_size']} with {config['num_heads']} heads; the tensors "
-                         f"have batch {qo_indptr.shape[0] - 1} with {q.shape[1]} heads")
 
 
 def _plan_layout(q, kv_data, qo_indptr, kv_indptr):

@@ -75,7 +75,8 @@ def test_first_sight_validates_the_indptr_contents(make_case):
     bad[-1] = kv_data["bf16"].shape[0] + 1
     with pytest.raises(ValueError, match="kv_indptr.-1. = 601 must be at most the number of rows, 600"):
         entry.custom_kernel((q, kv_data, qo, bad, config))
-    with pytest.raises(ValueError, match="config says batch 4 with 16 heads; the tensors have batch 3"):
+    with pytest.raises(ValueError, match=r"config says batch 4 with 16 heads; the tensors have q of shape "
+                                         r"\(3, 16, 576\) and batch 3"):
         entry.custom_kernel((q, kv_data, qo, kvp, {**config, "batch_size": 4}))
     assert not entry._plans
 
