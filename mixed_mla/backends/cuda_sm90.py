@@ -4,8 +4,13 @@ One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr 
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a second
 kernel when > 1, and for fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax
 passes per token, coarser ends of rows: each is the fastest on some shapes, NOTES_sm90.md v42). One C++ call per
-forward (binding.cpp), on the current stream, with no sync and no allocation after the first call of a shape (the
-split workspace is cached per (device, rows, heads, splits) and reused; outputs never are).
+forward (binding.cpp), on the current stream, with no sync and no allocation: the split workspace is made at plan
+time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs are never reused.
+
+Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
+the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
+bounds, and records the violation in the device's error flag (validate.device_error_flag), which the next plan
+on the device, or validate.raise_device_errors, raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16. The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
