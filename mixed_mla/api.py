@@ -34,13 +34,16 @@ class DecodePlan:
     batch: int
     max_q_len: int         # bounds every segment's query count (DESIGN.md)
     max_kv_len: int        # a launch hint only
-    # What the backend's spec made for this plan (None when it needs none): freed with the plan.
-    workspace: object = field(default=None, repr=False, compare=False)
+    # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
+    # self.plan (dataclasses.replace with another plan makes a new one), and freed with the plan.
+    workspace: object = field(init=False, repr=False, compare=False)
     _run: object = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        run = self.backend.run if self.workspace is None else functools.partial(self.backend.run,
-                                                                                workspace=self.workspace)
+        make = backends.spec(self.plan.backend).workspace
+        workspace = None if make is None else make(self.plan, self.max_total_q, self.num_heads, self.device)
+        run = self.backend.run if workspace is None else functools.partial(self.backend.run, workspace=workspace)
+        object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "_run", run)
 
     @property
@@ -104,9 +107,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     batch = qo_indptr.shape[0] - 1
     max_q_len, max_kv_len = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
-    make_workspace = backends.spec(chosen.backend).workspace
-    workspace = None if make_workspace is None else make_workspace(chosen, batch * max_q_len, num_heads, device)
-    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, workspace)
+    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,

@@ -199,3 +199,17 @@ def test_a_plan_checks_every_run_not_only_its_first(make_case):
         planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 70, 5, 84], dtype=torch.int32))
     with pytest.raises(ValueError, match="kv_indptr.-1. = 85 must be at most the number of rows, 84"):
         planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 5, 75, 85], dtype=torch.int32))
+
+
+def test_a_plan_swapped_into_a_decode_plan_gets_a_workspace_of_its_own(make_case, monkeypatch):
+    """tools/autotune.py times candidates by dataclasses.replace(planned, plan=candidate): the workspace must be
+    the candidate's (sized for its split count), never the replaced plan's."""
+    made = []
+    real_spec = backends.spec
+    sized = dataclasses.replace(real_spec("torch"), workspace=lambda plan, rows, heads, device: made.append(
+        (plan.num_splits, rows)) or (plan.num_splits, rows))
+    monkeypatch.setattr(backends, "spec", lambda name: sized if name == "torch" else real_spec(name))
+    case = make_case([1, 1], [40, 64])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, backend="torch")
+    swapped = dataclasses.replace(planned, plan=dataclasses.replace(planned.plan, num_splits=8))
+    assert (planned.workspace, swapped.workspace) == ((1, 2), (8, 2)) and made == [(1, 2), (8, 2)]
