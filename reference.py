@@ -1,20 +1,29 @@
-"""The problem's data generator, its reference kernel and its checks (leaderboard's and our strict one).
+"""The problem's data generator, its reference kernel and its check, self-contained as the leaderboard's is.
 
-- generate_input: the leaderboard's tuple, bit for bit in its quantised formats (mixed_mla.formats).
+- generate_input: the leaderboard's tuple, bit for bit in its quantised formats, by this file's own quantisers
+  (docs/problem.md states their rules; tests/test_harness.py checks them against mixed_mla.formats and
+  tests/test_reference_quantisers.py against golden vectors of the real generator). Written apart from the
+  library on purpose: a reference sharing the library's quantiser could not catch a bug in it.
 - ref_kernel: aiter's persistent a8w8 mla_decode_fwd exactly as the leaderboard calls it when aiter imports;
   elsewhere a torch emulation of the same arithmetic (fp8 Q with a per-tensor dynamic scale, fp8 KV, float32).
 - check_implementation: the leaderboard's rule (rtol = atol = 0.1, pass with <= 5% mismatches).
-- check_strict: relative L2 error against exact float64 attention on the cache format a kernel read.
+Imports nothing of mixed_mla: eval.py runs with task.py, utils.py, this file and submission.py alone.
 """
+import math
+
 import torch
 
-from mixed_mla import exact, formats
-from mixed_mla.constants import (DEFAULT_SM_SCALE, KV_LORA_RANK, NUM_KV_HEADS, QK_HEAD_DIM, QK_ROPE_HEAD_DIM,
-                                 V_HEAD_DIM)
 from task import input_t, output_t
 from utils import get_device, make_match_reference
 
-NUM_HEADS = 16                # the problem's query heads (after the TP split)
+# The problem's dimensions: DeepSeek-R1 MLA decode in absorbed form, after the TP split.
+NUM_HEADS = 16
+NUM_KV_HEADS = 1
+KV_LORA_RANK = 512
+QK_ROPE_HEAD_DIM = 64
+QK_HEAD_DIM = KV_LORA_RANK + QK_ROPE_HEAD_DIM   # 576
+V_HEAD_DIM = KV_LORA_RANK
+SM_SCALE = 1.0 / math.sqrt(QK_HEAD_DIM)
 CHECK_TOLERANCE = 1e-1        # the leaderboard's rtol and atol
 # aiter settings of the leaderboard's reference: page size 1, 32 KV splits, persistent mode, intra-batch mode.
 AITER_PAGE_SIZE = 1
@@ -23,11 +32,74 @@ AITER_NUM_KV_SPLITS = 32
 # elements (1 GiB), so the largest benchmark (256 x 8192 tokens = 4.8 GB as float32) fits any device.
 EMULATION_CHUNK_ELEMENTS = 1 << 28
 
+# fp8: float8_e4m3fn, largest finite value 448.
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+# MXFP4: blocks of 32 values of a row share one e8m0 scale (a biased power of two); each value is an e2m1 code
+# (bit 3 sign, bits 0-2 an index into 0, 0.5, 1, 1.5, 2, 3, 4, 6), two per byte, the even index in the low nibble.
+# The scale tensor has its rows padded to a multiple of 256 and its 18 columns to 24, left uninitialised.
+MXFP4_BLOCK = 32
+MXFP4_BLOCKS = QK_HEAD_DIM // MXFP4_BLOCK       # 18
+MXFP4_SCALE_ROWS_MULTIPLE = 256
+MXFP4_SCALE_COLS = 24
+E8M0_BIAS = 127
+FP4X2_DTYPE = getattr(torch, "float4_e2m1fn_x2", torch.uint8)   # torch < 2.8: the same bytes as uint8
+E8M0_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)
+
 try:
     import aiter
     from aiter.mla import mla_decode_fwd
 except ImportError:   # every machine but a ROCm one with aiter installed
     aiter = None
+
+
+def quantize_fp8(x: torch.Tensor):
+    """Per-tensor dynamic fp8 as the generator makes it: scale = amax / 448 in x's dtype; (data, float32 (1,))."""
+    amax = x.abs().max() if x.numel() else torch.zeros((), dtype=x.dtype, device=x.device)
+    scale = torch.clamp(amax, min=1e-12) / FP8_MAX
+    data = torch.clamp(x / scale, -FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return data, scale.float().view(1)
+
+
+def quantize_mxfp4(kv: torch.Tensor):
+    """The generator's MXFP4 of (N, 1, 576) rows: packed codes (N, 1, 288) and padded e8m0 scales.
+
+    Per 32-value block: the float32 amax is snapped to a power of two on its bit pattern (adding 2^21 carries
+    into the exponent when the mantissa fraction is >= 0.75, then the mantissa is dropped); the block exponent is
+    that power's minus 2 (e2m1 reaches 6 = 1.5 * 2^2), clamped to [-127, 127]; each value scaled by 2^-exponent
+    rounds to e2m1 half up on its one mantissa bit, saturating at 6.
+    """
+    n = kv.shape[0]
+    x = kv.reshape(n, MXFP4_BLOCKS, MXFP4_BLOCK).float()
+    amax_bits = x.abs().max(dim=-1, keepdim=True).values.view(torch.int32)
+    biased_exponent = ((amax_bits + (1 << 21)) >> 23) & 0xFF           # of the snapped amax (sign bit is 0)
+    # 255: the snapped amax is infinite (its log2 too), so the clamp gives the largest exponent
+    exponent = torch.where(biased_exponent == 255, 127, biased_exponent - E8M0_BIAS - 2).clamp(-127, 127)
+    scaled = x * torch.pow(2.0, -exponent.float())
+    codes = _e2m1_codes(scaled).reshape(n, QK_HEAD_DIM)
+    packed = (codes[:, 1::2] << 4) | codes[:, 0::2]
+    padded_rows = -(-n // MXFP4_SCALE_ROWS_MULTIPLE) * MXFP4_SCALE_ROWS_MULTIPLE
+    scales = torch.empty((padded_rows, MXFP4_SCALE_COLS), dtype=torch.uint8, device=kv.device)
+    scales[:n, :MXFP4_BLOCKS] = (exponent.view(n, MXFP4_BLOCKS) + E8M0_BIAS).to(torch.uint8)
+    return packed.to(torch.uint8).view(n, 1, QK_HEAD_DIM // 2).view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
+
+
+def _e2m1_codes(v: torch.Tensor) -> torch.Tensor:
+    """int64 e2m1 codes of float32 values: below 1 the subnormal steps of 0.5; from 1 on, exponent k (0..2) and one
+    mantissa bit; both round half up (a mantissa carry moves to the next exponent) and saturate at code 7 (6.0).
+    Rounding compares exact fractions (no added 0.5, which float32 could round up)."""
+    magnitude = v.abs()
+    _, frexp_exponent = torch.frexp(magnitude)                 # magnitude = m * 2^e, m in [0.5, 1)
+    k = (frexp_exponent - 1).clamp(min=0)                      # floor(log2(magnitude)) for magnitude >= 1
+    fraction = magnitude / torch.pow(2.0, k.float()) - 1       # exact: a division by a power of two
+    normal = (2 + 2 * k + (fraction >= 0.25).long() + (fraction >= 0.75).long()).clamp(max=7)
+    subnormal = (magnitude >= 0.25).long() + (magnitude >= 0.75).long()   # 0, 0.5 or 1.0
+    code = torch.where(magnitude < 1, subnormal, normal)
+    return code | (torch.signbit(v).long() << 3)
+
+
+def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return data.float() * scale.float()
 
 
 def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int) -> input_t:
@@ -42,8 +114,8 @@ def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int) -> in
                           generator=gen)
     kv_data = {
         "bf16": kv_bf16,
-        "fp8": formats.quantize_fp8(kv_bf16),
-        "mxfp4": formats.quantize_mxfp4(kv_bf16),
+        "fp8": quantize_fp8(kv_bf16),
+        "mxfp4": quantize_mxfp4(kv_bf16),
     }
     segment_starts = torch.arange(0, batchsize + 1, dtype=torch.int32, device=device)
     config = {
@@ -56,7 +128,7 @@ def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int) -> in
         "v_head_dim": V_HEAD_DIM,
         "q_seq_len": qseqlen,
         "kv_seq_len": kvseqlen,
-        "sm_scale": DEFAULT_SM_SCALE,
+        "sm_scale": SM_SCALE,
     }
     return q, kv_data, segment_starts * qseqlen, segment_starts * kvseqlen, config
 
@@ -64,7 +136,7 @@ def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int) -> in
 def ref_kernel(data: input_t) -> output_t:
     """The leaderboard's reference output: a8w8 MLA decode (fp8 Q, fp8 KV), (total_q, H, 512) bf16."""
     q, kv_data, qo_indptr, kv_indptr, config = data
-    q_fp8, q_scale = formats.quantize_fp8(q)
+    q_fp8, q_scale = quantize_fp8(q)
     kv_fp8, kv_scale = kv_data["fp8"]
     if aiter is not None:
         return _aiter_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, config)
@@ -106,7 +178,7 @@ def _aiter_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, config):
 def _emulated_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, sm_scale):
     """float32 attention on the fp8-dequantised Q and KV; the causal MTP rule; rows with no key give zeros."""
     qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
-    q = formats.dequantize_fp8(q_fp8, q_scale)                       # (total_q, H, 576)
+    q = dequantize_fp8(q_fp8, q_scale)                       # (total_q, H, 576)
     out = torch.zeros((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=torch.float32, device=q.device)
     q_lens = {qo[b + 1] - qo[b] for b in range(len(qo) - 1)}
     kv_lens = {kvp[b + 1] - kvp[b] for b in range(len(kvp) - 1)}
@@ -116,13 +188,13 @@ def _emulated_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, sm_sc
         group = max(1, EMULATION_CHUNK_ELEMENTS // max(1, kv_len * QK_HEAD_DIM))
         for first in range(0, len(qo) - 1, group):
             last = min(first + group, len(qo) - 1)
-            keys = formats.dequantize_fp8(kv_fp8[kvp[first]:kvp[last]], kv_scale).reshape(
+            keys = dequantize_fp8(kv_fp8[kvp[first]:kvp[last]], kv_scale).reshape(
                 last - first, kv_len, QK_HEAD_DIM)
             queries = q[qo[first]:qo[last]].reshape(last - first, q_len, q.shape[1], QK_HEAD_DIM)
             out[qo[first]:qo[last]] = _attend(queries, keys, sm_scale).reshape(-1, q.shape[1], V_HEAD_DIM)
     else:
         for b in range(len(qo) - 1):
-            keys = formats.dequantize_fp8(kv_fp8[kvp[b]:kvp[b + 1]], kv_scale).reshape(1, -1, QK_HEAD_DIM)
+            keys = dequantize_fp8(kv_fp8[kvp[b]:kvp[b + 1]], kv_scale).reshape(1, -1, QK_HEAD_DIM)
             out[qo[b]:qo[b + 1]] = _attend(q[qo[b]:qo[b + 1]].unsqueeze(0), keys, sm_scale)[0]
     return out.to(torch.bfloat16)
 
@@ -139,12 +211,3 @@ def _attend(queries, keys, sm_scale):
 
 
 check_implementation = make_match_reference(ref_kernel, rtol=CHECK_TOLERANCE, atol=CHECK_TOLERANCE)
-
-
-def check_strict(data: input_t, output: output_t, kv_format: str) -> tuple[bool, str]:
-    """Our accuracy rule: relative L2 error of `output` against exact float64 attention on the
-    dequantised `kv_format` cache of `data`, within mixed_mla.exact.STRICT_BOUND[kv_format]."""
-    q, kv_data, qo_indptr, kv_indptr, config = data
-    passed, error, bound = exact.check_strict(output, q, kv_data[kv_format], kv_format, qo_indptr, kv_indptr,
-                                              config["sm_scale"])
-    return passed, f"relative L2 error {error:.4g} vs exact attention on the {kv_format} cache (bound {bound})"

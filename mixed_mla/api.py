@@ -1,18 +1,21 @@
 """The public entry point: `decode`, or `plan` once per batch layout and `DecodePlan.run` per step.
 
-plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability);
-run() validates what is free to check on the host and launches one backend call. Plans fix launch geometry only:
-every backend reads the indptr contents on the device, so a plan stays correct for new lengths and new data.
+plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability,
+make the backend's workspace, raise an indptr violation a kernel recorded on the device since the last plan);
+run() validates what is free to check on the host, on every call, and launches one backend call. Plans fix launch
+geometry only: every backend reads the indptr contents on the device, so a plan stays correct for new lengths and
+new data. A plan owns its workspace: it is freed when the plan is.
 """
+import functools
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from . import backends, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
-from .validate import check_indptr_contents, check_inputs, check_kv_format, indptr_to_host, longest_segments
+from .planner import Plan, device_arch, forced_backend, plan_for
+from .validate import check_inputs, check_kv_format, checked_segment_lengths, raise_device_errors
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Backends whose first use per (variant, format, page size) in a process is checked against exact attention
@@ -33,21 +36,33 @@ class DecodePlan:
     batch: int
     max_q_len: int         # bounds every segment's query count (DESIGN.md)
     max_kv_len: int        # a launch hint only
+    # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
+    # self.plan (dataclasses.replace with another plan makes a new one), and freed with the plan.
+    workspace: object = field(init=False, repr=False, compare=False)
+    _run: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        make = backends.spec(self.plan.backend).workspace
+        workspace = None if make is None else make(self.plan, self.max_total_q, self.num_heads, self.device)
+        run = self.backend.run if workspace is None else functools.partial(self.backend.run, workspace=workspace)
+        object.__setattr__(self, "workspace", workspace)
+        object.__setattr__(self, "_run", run)
 
     @property
     def kv_format(self) -> str:
         return self.plan.kv_format
 
+    @property
+    def max_total_q(self) -> int:
+        """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
+        return self.batch * self.max_q_len
+
     def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, validate=False):
         """Attention output (total_q, H, 512) bf16: `out` when given, else a new tensor."""
         num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
-        if q.device != self.device or q.shape[1] != self.num_heads or qo_indptr.shape[0] != self.batch + 1:
-            raise ValueError(f"this plan is for batch {self.batch}, {self.num_heads} heads on {self.device}; got "
-                             f"batch {qo_indptr.shape[0] - 1}, {q.shape[1]} heads on {q.device}: plan again")
+        self.check_layout(q, qo_indptr)
         if validate:
-            qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-            check_indptr_contents(qo_host, kv_host, q.shape[0], num_kv_rows)
-            longest_q = longest_segments(qo_host, kv_host)[0]
+            longest_q = checked_segment_lengths(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)[0]
             if longest_q > self.max_q_len:
                 raise ValueError(f"a segment has {longest_q} queries but this plan bounds them at {self.max_q_len}: "
                                  f"plan again")
@@ -56,10 +71,17 @@ class DecodePlan:
         self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale)
         return out
 
+    def check_layout(self, q, qo_indptr) -> None:
+        """The plan's own bounds against tensors that check_inputs has passed (host metadata only, no sync)."""
+        if (q.device != self.device or q.shape[1] != self.num_heads or qo_indptr.shape[0] != self.batch + 1
+                or q.shape[0] > self.max_total_q):
+            raise ValueError(f"this plan is for batch {self.batch}, {self.num_heads} heads, at most "
+                             f"{self.max_total_q} query rows on {self.device}; got batch {qo_indptr.shape[0] - 1}, "
+                             f"{q.shape[1]} heads, {q.shape[0]} rows on {q.device}: plan again")
+
     def launch(self, q, kv_cache, qo_indptr, kv_indptr, out, sm_scale) -> None:
-        """The backend call alone, for callers that have already validated this layout (custom_kernel)."""
-        self.backend.run(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out, self.plan, sm_scale,
-                         self.max_q_len)
+        """The backend call alone, for callers that have validated these inputs (custom_kernel does per call)."""
+        self._run(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out, self.plan, sm_scale, self.max_q_len)
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
@@ -73,10 +95,12 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     the next backend (see _route).
     kv_lens: the KV segment lengths when the caller has read them (custom_kernel's first sight); a backend may fit
     its plan to them (its optional fit_layout: aiter plans variant "fast" where v1_0 would serve them wrongly).
+    Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
         device = torch.device("cuda", torch.cuda.current_device())
+    raise_device_errors(device)
     if kv_format is not None:
         check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -85,13 +109,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
         raise ValueError(f"qo_indptr and kv_indptr must both have shape (batch + 1,) with batch >= 1; got "
                          f"{tuple(qo_indptr.shape)} and {tuple(kv_indptr.shape)}")
     batch = qo_indptr.shape[0] - 1
-    if max_q_len is None or max_kv_len is None:
-        qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
-        check_indptr_contents(qo_host, kv_host)
-        longest_q, longest_kv = longest_segments(qo_host, kv_host)
-        kv_lens = [end - start for start, end in zip(kv_host, kv_host[1:])]
-        max_q_len = longest_q if max_q_len is None else max_q_len
-        max_kv_len = longest_kv if max_kv_len is None else max_kv_len
+    max_q_len, max_kv_len, read_kv_lens = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
+    kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
 
@@ -104,16 +123,27 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
     validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
     """
-    check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
+    num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
+    # read here when missing, where the contents meet the tensors' bounds
+    max_q_len, max_kv_len, _ = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
                    max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
+def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv=None):
+    """(max_q_len, max_kv_len, KV segment lengths or None): as given, else read from the indptr contents (checked;
+    one sync), and then the KV lengths too."""
+    if max_q_len is not None and max_kv_len is not None:
+        return max_q_len, max_kv_len, None
+    longest_q, longest_kv, kv_lens = checked_segment_lengths(qo_indptr, kv_indptr, total_q, total_kv)
+    return (longest_q if max_q_len is None else max_q_len, longest_kv if max_kv_len is None else max_kv_len, kv_lens)
+
+
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
-    Order after the planned one: the arch's other compiled backends (planner.ARCH_BACKENDS), then torch, each
+    Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
     re-planned for itself (so kv_format=None gets that backend's fastest format). A forced backend (argument or
     MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
     """
@@ -125,7 +155,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     if backend is not None or forced_backend() is not None:
         raise RuntimeError(f"the requested backend {chosen.backend!r} cannot run here: {problem}")
     _warn_once(chosen.backend, problem)
-    for alternative in ARCH_BACKENDS.get(arch, ()) + ("torch",):
+    for alternative in backends.native_backends(arch) + (backends.FALLBACK,):
         if alternative == chosen.backend:
             continue
         try:

@@ -11,6 +11,9 @@ SUPPORTED_NUM_HEADS = (4, 8, 16, 32, 64, 128)  # 128 / TP: 4 and 8 are TP32 and 
 HEAD_GROUP = 16             # heads handled together by one kernel pass (one MMA M/N dimension)
 
 KV_FORMATS = ("bf16", "fp8", "mxfp4")
+# The format codes every kernel binding takes (sm90 config.h KvFormat; tests/test_kernel_constants.py parses it).
+KV_FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+MAX_SPLITS = 64             # KV splits per query row: the merge kernels' limit (config.h kMaxSplits)
 
 FP8_E4M3_MAX = 448.0        # largest finite float8_e4m3fn
 

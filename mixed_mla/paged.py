@@ -13,7 +13,7 @@ A plan fixes the launch geometry (batch, heads, page size, the block table's wid
 every backend reads qo_indptr, block_table and seq_lens on the device or at call time, so one plan serves new
 lengths and block tables within those bounds, and the cuda_sm90 route is CUDA-graph capturable.
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -21,7 +21,7 @@ from . import api, backends
 from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
                         V_HEAD_DIM)
 from .formats import FP8_DTYPE
-from .planner import ARCH_BACKENDS, Plan, device_arch, forced_backend, plan_for
+from .planner import Plan, device_arch, forced_backend, plan_for
 from .validate import _E8M0_DTYPES, _PACKED_FP4_DTYPES, INDPTR_DTYPE, _check_tensor
 
 
@@ -125,6 +125,14 @@ class PagedDecodePlan:
     page_size: int
     max_pages: int         # the block table's width
     max_q_len: int         # bounds every segment's query count
+    # What the backend's spec makes for this plan (api.DecodePlan's rule): made here, freed with the plan.
+    workspace: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        make = backends.spec(self.plan.backend).workspace
+        workspace = None if make is None else make(self.plan, self.batch * self.max_q_len, self.num_heads,
+                                                   self.device)
+        object.__setattr__(self, "workspace", workspace)
 
     @property
     def kv_format(self) -> str:
@@ -150,8 +158,9 @@ class PagedDecodePlan:
                                  f"plan again")
         if out is None:
             out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        extra = {} if self.workspace is None else {"workspace": self.workspace}
         self.backend.run_paged(q, kv_cache, self.kv_format, qo_indptr, block_table, seq_lens, out, self.plan,
-                               sm_scale, self.max_q_len)
+                               sm_scale, self.max_q_len, **extra)
         return out
 
 
@@ -202,7 +211,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     that define run_paged, then torch. A forced backend that cannot serve raises."""
     arch = device_arch(device)
     forced = backend or forced_backend()
-    names = (forced,) if forced is not None else ARCH_BACKENDS.get(arch, ()) + ("torch",)
+    names = (forced,) if forced is not None else backends.native_backends(arch) + (backends.FALLBACK,)
     reasons = []
     for name in names:
         try:

@@ -14,35 +14,15 @@ from pathlib import Path
 
 import torch
 
-from .backends import BACKEND_NAMES
-from .constants import HEAD_GROUP, KV_FORMATS
+from .backends import BACKEND_NAMES, FALLBACK, native_backends, spec
+from .constants import HEAD_GROUP, KV_FORMATS, MAX_SPLITS
 
-MAX_SPLITS = 64
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 # Filled by tools/bundle.py in submission.py: table file name -> JSON text. None: read TABLE_DIR.
 _EMBEDDED_TABLES = None
 
 # device_arch name -> table file; archs without a table use the heuristic only.
 TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
-
-# Compiled backends native to each arch, in order of preference; `torch` serves everything else.
-ARCH_BACKENDS = {"sm90": ("cuda_sm90",), "gfx950": ("hip_gfx950", "aiter"), "gfx942": ("aiter",)}
-# The cache formats each backend implements (a backend's own `supports` may narrow this at run time, e.g. by heads).
-# aiter has no MXFP4-KV MLA kernel; the gfx950 HIP kernels are written for fp8 and mxfp4 KV only.
-BACKEND_FORMATS = {"torch": KV_FORMATS, "cuda_sm90": KV_FORMATS, "hip_gfx950": ("fp8", "mxfp4"),
-                   "aiter": ("bf16", "fp8")}
-# The format a backend reads fastest, used when the caller lets the planner choose (kv_format=None). Every one of
-# them stays far inside the leaderboard tolerance: mxfp4 costs 6-12% relative L2 against the bf16 truth on outputs
-# of magnitude ~0.02, while the check allows atol = 0.1. The torch backend is fastest on bf16 (no dequantisation).
-# cuda_sm90 reads fp8 fastest: its mxfp4 path expands to bf16 in shared memory and measured 1.15-2x slower than fp8
-# on the 6 larger benchmark shapes, within ~1 us of it on 4x1024 and 32x1024 (v46, 2026-12-03:
-# bench/results/h200-2026-12-03-v46-sweep/), where the table, not this default, picks the format.
-FASTEST_FORMAT = {"torch": "bf16", "cuda_sm90": "fp8", "hip_gfx950": "fp8", "aiter": "fp8"}
-# The first is the heuristic's default (cuda_sm90 fp8 picks by tokens per split: heuristic_plan).
-BACKEND_VARIANTS = {"hip_gfx950": ("occ3", "occ2", "occ4"), "aiter": ("", "fast"), "cuda_sm90": ("", "tile64")}
-# Variants that exist for some cache formats only (the others have just the backend's first variant).
-VARIANT_FORMATS = {("cuda_sm90", "tile64"): ("fp8",)}
-AITER_PAGE_SIZES = (1, 2, 8)
 
 # Split heuristic, for shapes without a table entry. The grid is rows x splits workgroups (rows = batch x q_len x
 # head groups) of equal work, of which a compute unit holds _RESIDENT_PER_UNIT at once, so a call lasts about as
@@ -63,12 +43,6 @@ _MIN_TOKENS_PER_LONG_SPLIT = 256
 _MIN_TOKENS_PER_SPLIT = 64
 # candidates() goes lower, to one 32-token tile per split: the merge's cost decides, so the autotuner measures it.
 _MIN_TOKENS_PER_CANDIDATE_SPLIT = 32
-# fp8 on cuda_sm90 without a table entry: 64-token tiles where a split's share of a row is long (2048-8192 tokens
-# per split measured 1-5% faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM
-# measured 8% slower with 64; ties in between). NOTES_sm90.md v42.
-_TILE64_MIN_TOKENS_PER_SPLIT = 1024
-# Tokens per tile of the cuda_sm90 kernels by variant (config.h): a split's share of a row is whole tiles.
-_SM90_TILE_TOKENS = {"": 32, "tile64": 64}
 
 
 @dataclass(frozen=True)
@@ -114,27 +88,31 @@ def slot_use(workgroups: int, slots: int) -> float:
 
 
 def _default_backend(arch: str, kv_format) -> str:
-    for backend in ARCH_BACKENDS.get(arch, ()):
-        if kv_format is None or kv_format in BACKEND_FORMATS[backend]:
+    for backend in native_backends(arch):
+        if kv_format is None or kv_format in spec(backend).formats:
             return backend
-    return "torch"
+    return FALLBACK
 
 
 def heuristic_plan(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None,
                    backend=None) -> Plan:
     """The plan without table or environment: the arch's default backend (or `backend`), the format asked for (or
-    that backend's fastest), the heuristic's splits; for cuda_sm90 fp8, 64-token tiles when a split is long."""
+    that backend's fastest), the heuristic's splits, and the backend's declared defaults (backends.BackendSpec:
+    its first variant, or its long-split variant where a split's share is that long; no splits that its tile
+    rounding would leave empty)."""
     backend = backend or _default_backend(arch, kv_format)
-    kv_format = kv_format or FASTEST_FORMAT[backend]
-    if kv_format not in BACKEND_FORMATS[backend]:
+    declared = spec(backend)
+    kv_format = kv_format or declared.fastest_format
+    if kv_format not in declared.formats:
         raise ValueError(f"backend {backend!r} cannot read kv_format {kv_format!r} "
-                         f"(it implements {', '.join(BACKEND_FORMATS[backend])})")
-    variant = BACKEND_VARIANTS.get(backend, ("",))[0]
-    splits = 1 if backend == "torch" else heuristic_splits(arch, batch, q_len, kv_len, num_heads)
-    if backend == "cuda_sm90" and kv_format == "fp8" and kv_len // splits >= _TILE64_MIN_TOKENS_PER_SPLIT:
-        variant = "tile64"
-    if backend == "cuda_sm90":
-        splits = fewest_splits_for_share(kv_len, splits, _SM90_TILE_TOKENS[variant])
+                         f"(it implements {', '.join(declared.formats)})")
+    variant = declared.variants[0]
+    splits = heuristic_splits(arch, batch, q_len, kv_len, num_heads) if declared.splits_kv else 1
+    long_variant, min_tokens = declared.long_split_variant.get(kv_format, (None, 0))
+    if long_variant is not None and kv_len // splits >= min_tokens:
+        variant = long_variant
+    if variant in declared.tile_tokens:
+        splits = fewest_splits_for_share(kv_len, splits, declared.tile_tokens[variant])
     return Plan(backend=backend, kv_format=kv_format, num_splits=splits, variant=variant)
 
 
@@ -196,29 +174,28 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
 
 def variants(backend: str, kv_format: str) -> tuple:
     """The variants of `backend` that apply to `kv_format`, its default first."""
-    return tuple(v for v in BACKEND_VARIANTS.get(backend, ("",))
-                 if kv_format in VARIANT_FORMATS.get((backend, v), (kv_format,)))
+    return spec(backend).variants_for(kv_format)
 
 
 def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -> list:
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
-    Formats x the arch's backends that implement them x variants (x page sizes for aiter) x power-of-two splits
-    from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled backend: the torch plan per
-    format.
+    Formats x the arch's backends that implement them x variants x page sizes (as each backend's spec declares)
+    x power-of-two splits from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled
+    backend: the fallback's plan per format.
     """
     max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
     plans = []
     for kv_format in KV_FORMATS:
-        backends = [b for b in ARCH_BACKENDS.get(arch, ()) if kv_format in BACKEND_FORMATS[b]] or ["torch"]
+        backends = [b for b in native_backends(arch) if kv_format in spec(b).formats] or [FALLBACK]
         for backend in backends:
             plans.append(heuristic_plan(arch, batch, q_len, kv_len, num_heads, kv_format, backend))
-            if backend == "torch":
+            declared = spec(backend)
+            if not declared.splits_kv:
                 continue
-            page_sizes = AITER_PAGE_SIZES if backend == "aiter" else (1,)
-            for variant in variants(backend, kv_format):
-                for page_size in page_sizes:
+            for variant in declared.variants_for(kv_format):
+                for page_size in declared.page_sizes:
                     plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate") for s in split_counts)
     unique = {}
     for plan in plans:  # the heuristic plan and its candidate twin differ only in `source`: keep the first
@@ -257,7 +234,7 @@ def parse_table(text: str, source: str) -> dict:
 def _check_table_plan(plan: Plan, index: int) -> None:
     if plan.backend not in BACKEND_NAMES:
         raise ValueError(f"entry {index}: unknown backend {plan.backend!r}")
-    if plan.kv_format not in BACKEND_FORMATS[plan.backend]:
+    if plan.kv_format not in spec(plan.backend).formats:
         raise ValueError(f"entry {index}: backend {plan.backend} cannot read {plan.kv_format!r}")
     if not isinstance(plan.num_splits, int) or not 1 <= plan.num_splits <= MAX_SPLITS:
         raise ValueError(f"entry {index}: num_splits {plan.num_splits!r} outside 1..{MAX_SPLITS}")

@@ -1,8 +1,16 @@
-"""Input validation for decode: clear errors for bad input, in two tiers.
+"""Input validation for decode: clear errors for bad input, on every call, in three tiers.
 
-`check_inputs` reads only host-side metadata (dtype, shape, device, strides) and costs no device->host sync, so
-every `decode` call can afford it. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU); the API runs
-it when asked (`validate=True`) and custom_kernel runs it the first time it sees a batch layout.
+1. `check_inputs` reads only host-side metadata (dtype, shape, device, strides) and costs no device->host sync:
+   every call runs it (decode, DecodePlan.run, custom_kernel), whatever was planned or cached before.
+2. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU): plan() runs it when it reads the lengths,
+   DecodePlan.run when asked (`validate=True`), custom_kernel the first time it sees a batch layout, and the
+   torch backend on every call (it reads them on the host anyway).
+3. The compiled kernels read the indptr contents on the device, so a bad one after a good call cannot be seen on
+   the host without a sync. The guarantee there: a kernel never reads or writes out of bounds, whatever the
+   indptr arrays hold (every segment is clamped to the tensors), and it records any violation of the rules below
+   in the device's error flag (`device_error_flag`). The next plan on that device, or `raise_device_errors`,
+   raises it as a ValueError; the output of the call that broke the rules is not attention of its inputs.
+The rules: both arrays start at 0 and never decrease; qo_indptr ends at total_q; kv_indptr ends within the cache.
 Error types: TypeError for dtypes, ValueError for shapes and contents, RuntimeError for devices.
 """
 import torch
@@ -12,6 +20,11 @@ from .constants import (KV_FORMATS, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEA
 from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE, mxfp4_scale_shape
 
 INDPTR_DTYPE = torch.int32
+# The device error flag: int32 [violations, first segment]. Violation bits as the kernels set them (sm90 params.h).
+FLAG_BAD_QO_INDPTR = 1
+FLAG_BAD_KV_INDPTR = 2
+_NO_SEGMENT = 2 ** 31 - 1
+_error_flags = {}   # torch.device -> its flag tensor: one per device this process launched a compiled kernel on
 _PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 _E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 
@@ -77,8 +90,56 @@ def check_kv_cache(kv_cache, kv_format: str, device: torch.device) -> int:
 def check_inputs(q, kv_cache, kv_format: str, qo_indptr, kv_indptr, out=None) -> int:
     """Everything checkable without reading device memory: dtypes, shapes, devices, contiguity.
 
-    Returns the cache's number of KV rows (what kv_indptr contents are bounded by).
+    Returns the cache's number of KV rows (what kv_indptr contents are bounded by). Every call runs it, so good
+    input takes a short path (_rows_if_valid, ~2 us on a CPU); anything it does not pass gets the explaining one.
     """
+    if out is None:
+        rows = _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr)
+        if rows is not None:
+            return rows
+    return _explain_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
+
+
+def _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr):
+    """The cache's row count when the inputs pass every check of _explain_inputs, else None (then that one runs:
+    it accepts everything this accepts, and explains what it rejects). The same checks, written for speed: each
+    tensor's shape is read once (a torch.Size is built per read)."""
+    Tensor = torch.Tensor
+    if not (isinstance(q, Tensor) and isinstance(qo_indptr, Tensor) and isinstance(kv_indptr, Tensor)):
+        return None
+    device, q_shape, qo_shape = q.device, q.shape, qo_indptr.shape
+    if (len(q_shape) != 3 or q_shape[2] != QK_HEAD_DIM or q_shape[1] not in SUPPORTED_NUM_HEADS
+            or q.dtype != torch.bfloat16 or not q.is_contiguous()
+            or len(qo_shape) != 1 or qo_shape[0] < 2 or kv_indptr.shape != qo_shape
+            or qo_indptr.dtype != INDPTR_DTYPE or kv_indptr.dtype != INDPTR_DTYPE
+            or qo_indptr.device != device or kv_indptr.device != device
+            or not qo_indptr.is_contiguous() or not kv_indptr.is_contiguous()):
+        return None
+    if kv_format == "bf16":
+        return _rows_if_valid_rows(kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
+    if kv_format not in KV_FORMATS or not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
+        return None
+    data, aux = kv_cache
+    if not isinstance(aux, Tensor) or aux.device != device or not aux.is_contiguous():
+        return None
+    if kv_format == "fp8":
+        rows = _rows_if_valid_rows(data, (FP8_DTYPE,), QK_HEAD_DIM, device)
+        return rows if aux.dtype == torch.float32 and aux.shape == (1,) else None
+    rows = _rows_if_valid_rows(data, _PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
+    return rows if rows is not None and aux.dtype in _E8M0_DTYPES and aux.shape == mxfp4_scale_shape(rows) else None
+
+
+def _rows_if_valid_rows(t, dtypes, row_width, device):
+    if not isinstance(t, torch.Tensor):
+        return None
+    shape = t.shape
+    if (len(shape) == 3 and shape[1] == NUM_KV_HEADS and shape[2] == row_width and t.dtype in dtypes
+            and t.device == device and t.is_contiguous()):
+        return shape[0]
+    return None
+
+
+def _explain_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     device = q.device
@@ -122,6 +183,15 @@ def check_indptr_contents(qo_host: list, kv_host: list, total_q=None, total_kv=N
             raise ValueError(f"{name}[-1] = {values[-1]} must {relation} the number of rows, {total}")
 
 
+def checked_segment_lengths(qo_indptr, kv_indptr, total_q=None, total_kv=None):
+    """(longest query segment, longest KV segment, KV segment lengths) of the indptr tensors, their contents
+    checked (one sync)."""
+    qo_host, kv_host = indptr_to_host(qo_indptr, kv_indptr)
+    check_indptr_contents(qo_host, kv_host, total_q, total_kv)
+    longest_q, longest_kv = longest_segments(qo_host, kv_host)
+    return longest_q, longest_kv, [end - start for start, end in zip(kv_host, kv_host[1:])]
+
+
 def indptr_to_host(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor):
     """Both indptr arrays as Python lists with one device->host copy."""
     both = torch.stack((qo_indptr, kv_indptr)).tolist()
@@ -131,3 +201,34 @@ def indptr_to_host(qo_indptr: torch.Tensor, kv_indptr: torch.Tensor):
 def longest_segments(qo_host: list, kv_host: list):
     """(longest query segment, longest KV segment) of host indptr copies."""
     return (max(b - a for a, b in zip(qo_host, qo_host[1:])), max(b - a for a, b in zip(kv_host, kv_host[1:])))
+
+
+def device_error_flag(device: torch.device) -> torch.Tensor:
+    """The error flag the compiled kernels on `device` write (made on first use; one per device)."""
+    flag = _error_flags.get(device)
+    if flag is None:
+        flag = torch.tensor([0, _NO_SEGMENT], dtype=torch.int32, device=device)
+        _error_flags[device] = flag
+    return flag
+
+
+def raise_device_errors(device=None) -> None:
+    """Raise the indptr violation a compiled kernel recorded on `device` (all devices when None), and clear it.
+
+    Reads the flag after the work queued on the current stream (one device->host copy); nothing to read on a
+    device where no compiled kernel ran.
+    """
+    devices = list(_error_flags) if device is None else [torch.device(device)]
+    for key in devices:
+        flag = _error_flags.get(key)
+        if flag is None:
+            continue
+        violations, segment = flag.tolist()
+        if violations:
+            flag.copy_(torch.tensor([0, _NO_SEGMENT], dtype=torch.int32))
+            names = [name for bit, name in ((FLAG_BAD_QO_INDPTR, "qo_indptr"), (FLAG_BAD_KV_INDPTR, "kv_indptr"))
+                     if violations & bit]
+            raise ValueError(f"a decode on {key} was given bad {' and '.join(names)} contents (first at segment "
+                             f"{segment}): they must start at 0, never decrease, and end at total_q (qo) / within "
+                             f"the cache (kv). The kernel clamped them, so it stayed in bounds, but that call's "
+                             f"output is not attention of its inputs")

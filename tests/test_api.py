@@ -1,4 +1,5 @@
 """The public API: decode / plan / DecodePlan.run semantics, no stale state, no aliasing, backend fallback."""
+import dataclasses
 import warnings
 
 import pytest
@@ -74,8 +75,12 @@ def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case)
     planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
     assert (planned.max_q_len, planned.max_kv_len, planned.batch, planned.kv_format) == (3, 70, 2, "bf16")
     other = make_case([1, 1, 1], [5, 5, 5])
-    with pytest.raises(ValueError, match="this plan is for batch 2, 16 heads on cpu; got batch 3"):
+    with pytest.raises(ValueError, match="this plan is for batch 2, 16 heads, at most 6 query rows on cpu; got "
+                                         "batch 3, 16 heads, 3 rows"):
         planned.run(other.q, other.kv_bf16, other.qo_indptr, other.kv_indptr)
+    too_many = make_case([4, 3], [5, 70])              # more query rows than any layout of this plan can hold
+    with pytest.raises(ValueError, match="at most 6 query rows on cpu; got batch 2, 16 heads, 7 rows"):
+        planned.run(too_many.q, too_many.kv_bf16, too_many.qo_indptr, too_many.kv_indptr)
     longer = make_case([4, 0], [5, 70])
     with pytest.raises(ValueError, match="a segment has 4 queries but this plan bounds them at 3: plan again"):
         planned.run(longer.q, longer.kv_bf16, longer.qo_indptr, longer.kv_indptr, validate=True)
@@ -98,15 +103,16 @@ def test_an_unavailable_planned_backend_falls_back_to_torch_with_one_warning(mak
 
 
 def test_an_import_failure_is_reported_with_its_exception_text(monkeypatch):
-    monkeypatch.setitem(backends._MODULES, "cuda_sm90", "no_such_backend_module")
+    monkeypatch.setitem(backends.REGISTRY, "cuda_sm90", "no_such_backend_module")
     reason = backends.unavailable_reason("cuda_sm90", "cpu")
     backends.unavailable_reason.cache_clear()   # do not leave the fake reason to later tests
     assert "failed to import: ModuleNotFoundError" in reason and "no_such_backend_module" in reason
 
 
 def test_a_forced_backend_that_does_not_support_the_request_is_an_error(make_case, monkeypatch):
-    torch_backend = backends.module("torch")
-    monkeypatch.setattr(torch_backend, "supports", lambda kv_format, num_heads: num_heads != 32)
+    narrower = dataclasses.replace(backends.spec("torch"), num_heads=(16, 64, 128))
+    real_spec = backends.spec
+    monkeypatch.setattr(backends, "spec", lambda name: narrower if name == "torch" else real_spec(name))
     monkeypatch.setattr(api, "device_arch", lambda device: "cpu")
     case = make_case([1], [8], num_heads=32)
     with pytest.raises(RuntimeError, match="does not support kv_format bf16 with 32 heads"):
@@ -179,3 +185,31 @@ def test_mxfp4_without_a_working_hip_backend_goes_to_torch_not_aiter(make_case, 
     with pytest.warns(RuntimeWarning):
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="mxfp4")
     assert (planned.plan.backend, planned.kv_format) == ("torch", "mxfp4")
+
+
+def test_a_plan_checks_every_run_not_only_its_first(make_case):
+    """Bad input after a good run with the same plan is refused: host metadata on every run, and the indptr
+    contents by the torch backend, which reads them on the host anyway."""
+    case = make_case([1, 1, 1], [5, 70, 9])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="bf16", backend="torch")
+    planned.run(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr)
+    with pytest.raises(TypeError, match="q must have dtype torch.bfloat16, got torch.float32"):
+        planned.run(case.q.float(), case.kv_bf16, case.qo_indptr, case.kv_indptr)
+    with pytest.raises(ValueError, match="kv_indptr must be non-decreasing"):
+        planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 70, 5, 84], dtype=torch.int32))
+    with pytest.raises(ValueError, match="kv_indptr.-1. = 85 must be at most the number of rows, 84"):
+        planned.run(case.q, case.kv_bf16, case.qo_indptr, torch.tensor([0, 5, 75, 85], dtype=torch.int32))
+
+
+def test_a_plan_swapped_into_a_decode_plan_gets_a_workspace_of_its_own(make_case, monkeypatch):
+    """tools/autotune.py times candidates by dataclasses.replace(planned, plan=candidate): the workspace must be
+    the candidate's (sized for its split count), never the replaced plan's."""
+    made = []
+    real_spec = backends.spec
+    sized = dataclasses.replace(real_spec("torch"), workspace=lambda plan, rows, heads, device: made.append(
+        (plan.num_splits, rows)) or (plan.num_splits, rows))
+    monkeypatch.setattr(backends, "spec", lambda name: sized if name == "torch" else real_spec(name))
+    case = make_case([1, 1], [40, 64])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, backend="torch")
+    swapped = dataclasses.replace(planned, plan=dataclasses.replace(planned.plan, num_splits=8))
+    assert (planned.workspace, swapped.workspace) == ((1, 2), (8, 2)) and made == [(1, 2), (8, 2)]

@@ -1,9 +1,15 @@
 """custom_kernel: the leaderboard protocol. First sight of a layout validates and plans; later calls reuse the
-plan and stay right for new data; every call returns a new tensor; config's sm_scale is used."""
+plan and stay right for new data, yet validate their inputs again; every call returns a new tensor; config's
+sm_scale is used; the plans kept are bounded."""
+import dataclasses
+import gc
+import weakref
+from collections import OrderedDict
+
 import pytest
 import torch
 
-from mixed_mla import entry, exact
+from mixed_mla import backends, entry, exact
 from mixed_mla.constants import DEFAULT_SM_SCALE
 
 
@@ -11,7 +17,7 @@ from mixed_mla.constants import DEFAULT_SM_SCALE
 def fresh_plans(monkeypatch):
     for name in ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(entry, "_plans", {})
+    monkeypatch.setattr(entry, "_plans", OrderedDict())
 
 
 def _data(make_case, batch=3, q_len=1, kv_len=200, seed=0, sm_scale=DEFAULT_SM_SCALE, q_lens=None, kv_lens=None,
@@ -80,6 +86,69 @@ def test_first_sight_validates_the_indptr_contents(make_case):
     bad[-1] = kv_data["bf16"].shape[0] + 1
     with pytest.raises(ValueError, match="kv_indptr.-1. = 601 must be at most the number of rows, 600"):
         entry.custom_kernel((q, kv_data, qo, bad, config))
-    with pytest.raises(ValueError, match="config says batch 4 with 16 heads; the tensors have batch 3"):
+    with pytest.raises(ValueError, match=r"config says batch 4 with 16 heads; the tensors have q of shape "
+                                         r"\(3, 16, 576\) and batch 3"):
         entry.custom_kernel((q, kv_data, qo, kvp, {**config, "batch_size": 4}))
-    assert entry._plans == {}
+    assert not entry._plans
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda d: d.update(q=d["q"].float()), TypeError, "q must have dtype torch.bfloat16, got torch.float32"),
+    (lambda d: d.update(q=d["q"][:, :, :512].contiguous()), ValueError, "q must have shape (total_q, num_heads, 576)"),
+    (lambda d: d.update(q=d["q"].transpose(0, 1).contiguous().transpose(0, 1)), ValueError, "q must be contiguous"),
+    (lambda d: d.update(kv_indptr=d["kv_indptr"].long()), TypeError, "kv_indptr must have dtype torch.int32"),
+    (lambda d: d["kv_data"].update(bf16=d["kv_data"]["bf16"].half()), TypeError, "must have dtype torch.bfloat16"),
+    (lambda d: d["kv_indptr"].copy_(torch.tensor([0, 300, 100, 600])), ValueError,
+     "kv_indptr must be non-decreasing: kv_indptr[2] = 100 < kv_indptr[1] = 300"),
+    (lambda d: d["kv_indptr"].copy_(torch.tensor([0, 200, 400, 601])), ValueError,
+     "kv_indptr[-1] = 601 must be at most the number of rows, 600"),
+    (lambda d: d["qo_indptr"].copy_(torch.tensor([0, 2, 1, 3])), ValueError, "qo_indptr must be non-decreasing"),
+    (lambda d: d["config"].update(num_heads=32), ValueError, "config says batch 3 with 32 heads"),
+])
+def test_bad_input_after_a_good_call_with_the_same_layout_is_refused(make_case, change, error, message):
+    """The cached plan skips no check: dtype, shape, contiguity and config on the host at no sync; the indptr
+    contents by the backend that reads them on the host (torch, this machine's), by the device flag elsewhere."""
+    q, kv_data, qo, kvp, config = _data(make_case)
+    entry.custom_kernel((q, kv_data, qo, kvp, config))                  # plans this layout
+    fields = {"q": q, "kv_data": {k: v for k, v in kv_data.items()}, "qo_indptr": qo.clone(),
+              "kv_indptr": kvp.clone(), "config": dict(config)}
+    change(fields)
+    bad = (fields["q"], fields["kv_data"], fields["qo_indptr"], fields["kv_indptr"], fields["config"])
+    if fields["q"].shape == q.shape and fields["config"] == config:
+        key = (3, 1, 200, 16, q.shape, kv_data["bf16"].shape, q.device)
+        assert key in entry._plans                                      # the same layout key: the cached plan
+    with pytest.raises(error) as raised:
+        entry.custom_kernel(bad)
+    assert message in str(raised.value)
+    entry.custom_kernel((q, kv_data, qo, kvp, config))                  # and the good input still runs
+
+
+def test_a_thousand_layouts_keep_the_plans_and_their_workspaces_bounded(make_case, monkeypatch):
+    """1000 calls with distinct total_q (a serving load): the plan cache stays at its bound and the workspaces of
+    the plans it dropped are freed, so memory stays flat (on a GPU: torch.cuda.memory_allocated)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    made = []
+
+    def tracked_workspace(plan, max_total_q, num_heads, device):   # sized as a split workspace is: by total_q
+        buffer = torch.empty(max_total_q * num_heads * 64, device=device)
+        made.append(weakref.ref(buffer))
+        return buffer
+
+    real_spec = backends.spec
+    with_workspace = dataclasses.replace(real_spec("torch"), workspace=tracked_workspace)
+    monkeypatch.setattr(backends, "spec", lambda name: with_workspace if name == "torch" else real_spec(name))
+    monkeypatch.setattr(backends.module("torch"), "run", lambda *args, workspace: None)  # the plans are the subject
+    monkeypatch.setenv("MLA_BACKEND", "torch")
+    case = make_case([1] * 1000, [4] * 1000, device=device)
+    baseline = torch.cuda.memory_allocated() if device == "cuda" else 0
+    for batch in range(1, 1001):
+        entry.custom_kernel((case.q[:batch], {"bf16": case.kv_bf16[:4 * batch]}, case.qo_indptr[:batch + 1],
+                             case.kv_indptr[:batch + 1], {"batch_size": batch, "num_heads": 16, "q_seq_len": 1,
+                                                          "kv_seq_len": 4, "sm_scale": 0.1}))
+    gc.collect()
+    live = [ref() for ref in made if ref() is not None]
+    assert len(made) == 1000 and len(entry._plans) == len(live) == entry.MAX_PLANNED_LAYOUTS
+    assert {buffer.numel() // (16 * 64) for buffer in live} == set(range(1000 - len(live) + 1, 1001))  # the newest
+    if device == "cuda":
+        held = sum(buffer.numel() * buffer.element_size() for buffer in live)
+        assert torch.cuda.memory_allocated() - baseline <= held + (1 << 20)

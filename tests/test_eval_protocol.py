@@ -52,7 +52,6 @@ def workdir(tmp_path):
 def run_eval(workdir, mode, case_file="cases.txt", popcorn=True, env=None):
     """(exit code, {key: value} from POPCORN_FD or None, stdout, stderr)."""
     environment = {k: v for k, v in os.environ.items() if k not in ("POPCORN_FD", "POPCORN_SEED")}
-    environment["PYTHONPATH"] = str(REPO)    # for mixed_mla, which reference.py uses
     environment.update(env or {})
     results_path = workdir / "popcorn.txt"
     with open(results_path, "w") as results:
@@ -175,3 +174,25 @@ def test_bad_case_files_and_modes_end_the_process_with_the_leaderboards_codes(wo
     assert code == 113 and "Could not open test file `no_such_file.txt`" in stderr
     code, _, _, stderr = run_eval(workdir, "bench", "cases.txt")
     assert code == 2 and "usage:" in stderr
+
+
+def test_the_four_harness_files_and_our_submission_run_alone(tmp_path):
+    """The leaderboard's layout exactly: eval.py with task.py, utils.py, reference.py and the bundled
+    submission.py in an empty directory, nothing of the repository on the path (no PYTHONPATH, no mixed_mla
+    importable), on a CPU. (The leaderboard's own eval.py cannot run on a CPU: it calls torch.cuda.synchronize
+    unconditionally; ours keeps its protocol.)"""
+    for name in HARNESS_FILES + ("submission.py",):
+        shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / "cases.txt").write_text(SMALL_CASE + "\n" + OTHER_CASE + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(HARNESS_FILES + ("submission.py", "cases.txt"))
+    environment = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    probe = subprocess.run([sys.executable, "-s", "-c", "import importlib.util as u; print(u.find_spec('mixed_mla'))"],
+                           cwd=tmp_path, env=environment, capture_output=True, text=True)
+    assert probe.stdout.strip() == "None", probe.stdout + probe.stderr
+    with open(tmp_path / "popcorn.txt", "w") as results:
+        environment["POPCORN_FD"] = str(results.fileno())
+        proc = subprocess.run([sys.executable, "-s", "eval.py", "test", "cases.txt"], cwd=tmp_path, env=environment,
+                              pass_fds=(results.fileno(),), capture_output=True, text=True, timeout=300)
+    values = dict(line.split(": ", 1) for line in (tmp_path / "popcorn.txt").read_text().splitlines())
+    assert proc.returncode == 0, proc.stderr
+    assert values["check"] == "pass" and values["test-count"] == "2", values

@@ -50,8 +50,8 @@ class Record:
 
 def paths_for(device, kv_format) -> list:
     """Backends that read kv_format and can run on `device`: the arch's compiled ones, then torch."""
-    names = planner.ARCH_BACKENDS.get(planner.device_arch(device), ()) + ("torch",)
-    return [name for name in names if kv_format in planner.BACKEND_FORMATS[name]
+    names = backends.native_backends(planner.device_arch(device)) + (backends.FALLBACK,)
+    return [name for name in names if kv_format in backends.spec(name).formats
             and backends.unavailable_reason(name, str(device)) is None]
 
 

@@ -56,7 +56,8 @@ def main():
         out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device)
         backend = planned.backend
         forward_args = backend.forward_arguments(q, cache, planned.kv_format, qo_indptr, kv_indptr, out,
-                                                 planned.plan, config["sm_scale"], planned.max_q_len)
+                                                 planned.plan, config["sm_scale"], planned.max_q_len,
+                                                 planned.workspace)
         stream = torch.cuda.current_stream().cuda_stream
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):   # the launches above already ran once: nothing is allocated in capture

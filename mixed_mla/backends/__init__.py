@@ -1,30 +1,91 @@
-"""Registry of decode backends: name -> module, imported lazily so a missing toolchain costs nothing until used.
+"""The backend protocol and the registry of backends.
 
-Every backend module defines
-    available(device) -> str | None      None when usable on `device`, else the reason it is not
-    run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len) -> None   writes `out`
-and may define
-    supports(kv_format, num_heads) -> bool   (absent: every format the planner's BACKEND_FORMATS lists, every head
-                                              count of constants.SUPPORTED_NUM_HEADS)
+A backend is one module in this package. It declares everything the planner, the router and the bundler need
+to know about it in ONE place, its `SPEC` (a BackendSpec below), and defines two functions:
+    available(device) -> str | None     None when usable on `device`, else the reason it is not
+    run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len[, workspace]) -> None
+                                        writes `out`; `workspace` is passed when SPEC.workspace is set (what
+                                        SPEC.workspace made at plan time); a backend with a workspace must also
+                                        accept being called without one (then it allocates for that call only)
+Its import must not fail for a missing toolchain or device: anything optional is imported inside `available`.
+Adding a backend = its module + one line in REGISTRY. Registry order is the preference order among the
+backends native to one arch; FALLBACK serves every device and is the last resort.
 """
 import functools
 import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
-# Backend name (what plans and MLA_BACKEND say) -> module in this package.
-_MODULES = {"torch": "torch_ref", "cuda_sm90": "cuda_sm90", "hip_gfx950": "hip_gfx950", "aiter": "aiter_mla"}
-BACKEND_NAMES = tuple(_MODULES)
+# Backend name (what plans, tables and MLA_BACKEND say) -> its module in this package. Order = preference.
+REGISTRY = {
+    "torch": "torch_ref",
+    "cuda_sm90": "cuda_sm90",
+    "hip_gfx950": "hip_gfx950",
+    "aiter": "aiter_mla",
+}
+BACKEND_NAMES = tuple(REGISTRY)
+FALLBACK = "torch"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """What one backend implements and how the planner should use it (plain data, no device access)."""
+    name: str
+    formats: tuple                  # cache formats its kernels read
+    num_heads: tuple                # query head counts it serves
+    fastest_format: str             # the format it reads fastest: the plan when the caller lets the planner choose
+    archs: tuple = ()               # device archs (planner.device_arch) it is native to; () = none (the fallback)
+    variants: tuple = ("",)         # kernel variants, the default first
+    variant_formats: dict = field(default_factory=dict)   # variant -> the formats it exists for (absent: all)
+    page_sizes: tuple = (1,)        # page sizes worth a candidate plan
+    splits_kv: bool = True          # whether it splits a row's KV over workgroups (plans a split count)
+    tile_tokens: dict = field(default_factory=dict)       # variant -> tokens per tile, when a split's share is
+                                                          # rounded up to whole tiles (the planner drops empty splits)
+    long_split_variant: dict = field(default_factory=dict)  # format -> (variant, min tokens per split): the
+                                                            # default variant when a split's share is that long
+    kernel_dir: Optional[str] = None   # its sources under mixed_mla/kernels/ (what the bundle ships for it)
+    workspace: Optional[Callable] = None   # (plan, max_total_q, num_heads, device) -> what run(workspace=) takes;
+                                           # made at plan time, owned and freed by the DecodePlan
+
+    def __post_init__(self):
+        if self.fastest_format not in self.formats or not self.variants:
+            raise ValueError(f"backend spec {self.name!r}: fastest_format must be one of its formats, variants "
+                             f"non-empty")
+
+    def variants_for(self, kv_format: str) -> tuple:
+        """Its variants that exist for `kv_format`, the default first."""
+        return tuple(v for v in self.variants if kv_format in self.variant_formats.get(v, (kv_format,)))
+
+
+def _import(name: str):
+    if name not in REGISTRY:
+        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    return importlib.import_module(f".{REGISTRY[name]}", __name__)
 
 
 def module(name: str):
-    """The backend's module; raises ValueError for an unknown name and whatever its import raises."""
-    if name not in _MODULES:
-        raise ValueError(f"unknown backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
-    return importlib.import_module(f".{_MODULES[name]}", __name__)
+    """The backend's module (what runs); raises ValueError for an unknown name and whatever its import raises."""
+    return _import(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # bounded: one entry per registered backend
+def spec(name: str) -> BackendSpec:
+    """The backend's declaration (its module's SPEC)."""
+    declared = _import(name).SPEC
+    if declared.name != name:
+        raise ValueError(f"backend module {REGISTRY[name]} declares the name {declared.name!r}, registered as {name!r}")
+    return declared
+
+
+def native_backends(arch: str) -> tuple:
+    """The compiled backends native to `arch`, in order of preference (registry order)."""
+    return tuple(name for name in BACKEND_NAMES if arch in spec(name).archs)
+
+
+# Bounded by (backends x devices): a few dozen entries at most in any process.
+@functools.lru_cache(maxsize=256)
 def unavailable_reason(name: str, device_key: str):
     """None when backend `name` can run on the device `device_key` (str of a torch.device), else why not.
 
@@ -41,7 +102,6 @@ def unavailable_reason(name: str, device_key: str):
 
 
 def supports(name: str, kv_format: str, num_heads: int) -> bool:
-    """Whether an importable backend handles this format and head count (its optional `supports`)."""
-    backend = module(name)
-    check = getattr(backend, "supports", None)
-    return True if check is None else bool(check(kv_format, num_heads))
+    """Whether the backend's SPEC declares this format and head count."""
+    declared = spec(name)
+    return kv_format in declared.formats and num_heads in declared.num_heads

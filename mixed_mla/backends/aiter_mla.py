@@ -76,9 +76,16 @@ SELFCHECK_POISON_ROWS = 40   # at least this many poisoned cache rows past the s
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
 
+# ---- backend declaration (backends.BackendSpec; the planner and the bundle read it) ----
+from . import BackendSpec  # noqa: E402
+from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 
-def supports(kv_format: str, num_heads: int) -> bool:
-    return kv_format in AITER_FORMATS and num_heads % HEAD_GROUP == 0
+# Preferred after hip_gfx950 on gfx950 (registry order), the only compiled backend on gfx942 (MI300X).
+SPEC = BackendSpec(
+    name="aiter", archs=("gfx950", "gfx942"), formats=AITER_FORMATS, fastest_format="fp8",
+    num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0), variants=VARIANTS,
+    page_sizes=(1, 2, 8))
+# ---- end of the backend declaration ----
 
 
 # ---------------------------------------------------------------------------------------------------------------

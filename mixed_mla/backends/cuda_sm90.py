@@ -4,8 +4,13 @@ One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr 
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a second
 kernel when > 1, and for fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax
 passes per token, coarser ends of rows: each is the fastest on some shapes, NOTES_sm90.md v42). One C++ call per
-forward (binding.cpp), on the current stream, with no sync and no allocation after the first call of a shape (the
-split workspace is cached per (device, rows, heads, splits) and reused; outputs never are).
+forward (binding.cpp), on the current stream, with no sync and no allocation: the split workspace is made at plan
+time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs are never reused.
+
+Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
+the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
+bounds, and records the violation in the device's error flag (validate.device_error_flag), which the next plan
+on the device, or validate.raise_device_errors, raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
@@ -17,28 +22,41 @@ The build happens in `available` (the first plan on a device), outside any timed
 torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
 """
 import functools
+from typing import NamedTuple
 
 import torch
 
-from ..constants import SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from . import BackendSpec
+from ..constants import KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
+from ..validate import device_error_flag
 
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
-FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}   # config.h KvFormat
 FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
-MAX_SPLITS = 64                                     # config.h kMaxSplits
+TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
 _PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 
-_workspaces = {}  # (device, total_q, heads, splits) -> (partial_out, partial_lse)
+
+class Workspace(NamedTuple):
+    """The split partials of one plan: sized for its largest total_q at its split count."""
+    splits: int
+    partial_out: torch.Tensor   # bf16 (total_q * H * splits * 512,), empty when splits == 1
+    partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
+    max_total_q: int
+    error_flag: torch.Tensor    # int32 (2,): the device's indptr violation flag (validate.device_error_flag)
 
 
-def supports(kv_format, num_heads):
-    # 4 and 8 heads run as one partly filled group of HEAD_GROUP (the kernels mask the other rows)
-    return kv_format in FORMAT_CODES and num_heads in SUPPORTED_NUM_HEADS
+def make_workspace(plan, max_total_q: int, num_heads: int, device) -> Workspace:
+    """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan)."""
+    splits = splits_for(plan.num_splits, max_total_q, num_heads)
+    rows = max_total_q * num_heads * splits if splits > 1 else 0
+    return Workspace(splits, torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
+                     torch.empty(rows, dtype=torch.float32, device=device), max_total_q,
+                     device_error_flag(torch.device(device)))
 
 
 def available(device):
@@ -67,66 +85,75 @@ def splits_for(requested: int, total_q: int, num_heads: int) -> int:
     return max(1, min(int(requested), MAX_SPLITS, by_workspace))
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):
     """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
-    kernel strides over their rows), so a wrong hint costs time, never correctness."""
+    kernel strides over their rows), so a wrong hint costs time, never correctness. workspace: the plan's
+    (make_workspace); None makes one for this call alone."""
     _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale,
-                                         max_q_len))
+                                         max_q_len, workspace))
 
 
-def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
-    """The C++ forward's arguments for run's inputs (bench/host_overhead.py times the forward alone with them)."""
-    code = FORMAT_CODES[kv_format]
+def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
+              workspace=None):
+    """Writes out (total_q, H, 512) bf16 from a paged cache; no sync, and no allocation given the plan's workspace
+    (CUDA-graph capturable). Page ids and lengths are read on the device and clamped to the cache."""
+    _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, qo_indptr, out, plan, sm_scale,
+                                         max_q_len, workspace, pages=(block_table, seq_lens)))
+
+
+def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None,
+                      pages=None):
+    """The C++ forward's arguments for run's inputs (benchmarks/sm90/host_overhead.py times the forward alone with
+    them). pages: (block_table, seq_lens) of a paged cache (kv_indptr is then unused), None for a contiguous one."""
+    code = KV_FORMAT_CODES[kv_format]
     if plan.variant not in FP8_VARIANTS or (plan.variant and kv_format != "fp8"):
         raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_VARIANTS)} "
                          f"(non-empty for fp8 only)")
-    kv, aux = (kv_cache, kv_cache) if code == 0 else kv_cache
-    total_q, num_heads = q.shape[0], q.shape[1]
-    splits = splits_for(plan.num_splits, total_q, num_heads)
-    partial_out, partial_lse = _workspace(q.device, total_q, num_heads, splits)
-    no_pages = _no_pages(q.device)
-    return (q, kv, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, code, FP8_VARIANTS[plan.variant],
-            splits, max(1, int(max_q_len or 1)), float(sm_scale), no_pages, no_pages)
-
-
-def _workspace(device, total_q, num_heads, splits):
-    """bf16 split partials and fp32 LSEs for this shape, allocated once and reused (never returned to callers)."""
-    key = (device, total_q, num_heads, splits)
-    buffers = _workspaces.get(key)
-    if buffers is None:
-        rows = total_q * num_heads * splits if splits > 1 else 0
-        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
-                   torch.empty(rows, dtype=torch.float32, device=device))
-        _workspaces[key] = buffers
-    return buffers
+    kv, aux = (kv_cache, kv_cache) if kv_format == "bf16" else kv_cache
+    if workspace is None:
+        workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
+    elif q.shape[0] > workspace.max_total_q:
+        raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
+                         f"plan again")
+    variant = FP8_VARIANTS[plan.variant]
+    if pages is None:
+        block_table = seq_lens = _no_pages(q.device)
+    else:
+        block_table, seq_lens = pages
+        if kv_format == "fp8":
+            variant = paged_fp8_variant(plan.variant, kv.shape[1])
+    return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
+            workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
+            block_table, seq_lens)
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come
 # by TMA when a page holds whole tiles of the planned variant (else of 32 tokens), else row by row (config.h
 # kFp8Gather): a TMA box cannot cross pages.
 FP8_GATHER = 2
-_TILE_TOKENS = {"": 32, "tile64": 64}
 
 
 def paged_fp8_variant(variant: str, page_size: int) -> int:
     """The fp8 kernel variant code that reads pages of page_size rows: the plan's when its tiles fit a page."""
     for name in (variant, ""):
-        if page_size % _TILE_TOKENS[name] == 0:
+        if page_size % TILE_TOKENS[name] == 0:
             return FP8_VARIANTS[name]
     return FP8_GATHER
-
-
-def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len):
-    """Writes out (total_q, H, 512) bf16 from a paged cache; no sync, no allocation after the first call of a shape
-    (CUDA-graph capturable). Page ids and lengths are read on the device and clamped to the cache."""
-    args = list(forward_arguments(q, kv_cache, kv_format, qo_indptr, qo_indptr, out, plan, sm_scale, max_q_len))
-    if kv_format == "fp8":
-        args[9] = paged_fp8_variant(plan.variant, kv_cache[0].shape[1])
-    args[-2:] = block_table, seq_lens
-    _module().forward(*args)
 
 
 @functools.lru_cache(maxsize=None)
 def _no_pages(device):
     """The empty block table / seq_lens that tell the kernel its cache is contiguous (one per device)."""
     return torch.empty(0, dtype=torch.int32, device=device)
+
+
+# Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.15-2x
+# slower than fp8 on the 6 larger benchmark shapes, within ~1 us of it on 4x1024 and 32x1024 (H200, 2026-12-03),
+# where the planner's table, not this default, picks the format. fp8 defaults to 64-token tiles where a split's
+# share of a row is long (2048-8192 tokens per split measured 1-5% faster, the steady state dominating), 32-token
+# tiles below (256 tokens at two CTAs per SM measured 8% slower with 64; ties in between).
+SPEC = BackendSpec(
+    name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
+    num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
+    variants=tuple(FP8_VARIANTS), variant_formats={"tile64": ("fp8",)}, tile_tokens=TILE_TOKENS,
+    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace)

@@ -33,6 +33,16 @@ GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gf
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
                  "e4m3fnuz; use the aiter backend there")
 
+# ---- backend declaration (backends.BackendSpec; the planner and the bundle read it) ----
+from . import BackendSpec  # noqa: E402
+from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
+
+SPEC = BackendSpec(
+    name="hip_gfx950", archs=(ARCH,), formats=FORMATS, fastest_format="fp8",
+    num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0),
+    variants=(DEFAULT_VARIANT,) + tuple(v for v in OCCUPANCY if v != DEFAULT_VARIANT), kernel_dir=KERNEL_DIR)
+# ---- end of the backend declaration ----
+
 _workspaces = {}  # (device, stream) -> (partial_out, partial_lse), grown on demand, reused in stream order
 
 

@@ -12,9 +12,14 @@ and fallback path, not the fast one.
 """
 import torch
 
-from ..constants import QK_HEAD_DIM, V_HEAD_DIM
+from . import BackendSpec
+from ..constants import KV_FORMATS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..formats import as_uint8, dequantize, mxfp4_scale_shape
-from ..validate import indptr_to_host
+from ..validate import check_indptr_contents, indptr_to_host
+
+# Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
+SPEC = BackendSpec(name="torch", formats=KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
+                   splits_kv=False)
 
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
 # segments instead of one 4.8 GB dequantised copy of the cache.
@@ -25,13 +30,12 @@ def available(device):
     return None
 
 
-def supports(kv_format, num_heads):
-    return True
-
-
 def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
-    """Write attention for every query row of q into out; `plan` and `max_q_len` do not matter here."""
+    """Write attention for every query row of q into out; `plan` and `max_q_len` do not matter here.
+    The indptr contents are read on the host anyway, so bad ones raise here (validate.check_indptr_contents)."""
     qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
+    kv_rows = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[0]
+    check_indptr_contents(qo, kvp, q.shape[0], kv_rows)
     q_lens = torch.tensor(qo).diff()
     kv_lens = torch.tensor(kvp).diff()
     num_heads = q.shape[1]

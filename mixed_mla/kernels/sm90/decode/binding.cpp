@@ -15,15 +15,16 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
 // bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 32-token tiles,
-// 1 64-token tiles (config.h Fp8Variant; fp8 only).
+// 1 64-token tiles (config.h Fp8Variant; fp8 only). error_flag: int32 (2,) on the device, where the kernel records
+// indptr contents that break the layout rules (mixed_mla.validate raises them).
 // Paged caches: block_table (batch, max_pages) int32 with contiguous rows and seq_lens (batch,) int32, both non-empty;
 // kv is then (num_pages, page_size, row) contiguous (kv_aux (num_pages, page_size, 24) for mxfp4), kv_indptr unused
 // (pass qo_indptr), fp8_variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
 // a contiguous cache.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
-             const torch::Tensor& partial_out, const torch::Tensor& partial_lse, int64_t kv_format,
-             int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
+             const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
+             int64_t kv_format, int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
              const torch::Tensor& block_table, const torch::Tensor& seq_lens) {
   const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
@@ -50,6 +51,8 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   }
   TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
               qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "indptr must be int32 (batch + 1,)");
+  TORCH_CHECK(error_flag.scalar_type() == at::kInt && error_flag.numel() == 2 && error_flag.device() == q.device(),
+              "error_flag must be int32 (2,) on q's device");
   if (num_splits > 1) {
     TORCH_CHECK(partial_out.scalar_type() == at::kBFloat16 && partial_lse.scalar_type() == at::kFloat &&
                 partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512 &&
@@ -66,6 +69,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.out = static_cast<uint16_t*>(out.data_ptr());
   p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
   p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.error_flag = error_flag.data_ptr<int32_t>();
   p.q_row_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
   p.out_row_stride = out.stride(0);

@@ -68,7 +68,10 @@ constexpr long long kMaxKvRowStrideBytes = 1ll << 26;
 constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
 
+// Format codes as mixed_mla.constants.KV_FORMAT_CODES (tests/test_kernel_constants.py parses this line).
 enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
+// Bits of DecodeParams::error_flag[0], as mixed_mla.validate.FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR.
+enum IndptrViolation : int { kBadQoIndptr = 1, kBadKvIndptr = 2 };
 // The fp8 kernel variants, by tile size (a launch parameter: the planner's variant; the other formats ignore it).
 // kFp8Gather (paged caches whose pages are not whole tiles: page sizes 1 and 16) copies 32-token tiles row by row
 // with cp.async into the same swizzled layout the TMA boxes leave, since a box cannot cross pages.

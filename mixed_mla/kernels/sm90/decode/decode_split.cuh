@@ -321,6 +321,20 @@ constexpr int split_smem_bytes() {
          (Tile::kTma ? Tile::kStages * (int)sizeof(uint64_t) + kSwizzleAlign : 0);
 }
 
+// Records indptr contents that break the layout rules (validate.py) in p.error_flag, which the host raises at the
+// next plan: the clamps below keep every access in bounds, this makes the clamping visible. One thread per segment.
+// kv_rows: the most KV rows a segment may address (the cache's rows; paged: its block-table row's reach).
+__device__ __forceinline__ void record_indptr_violation(const DecodeParams& p, int seg, int qo_lo, int qo_hi,
+                                                        int kv_lo, int kv_hi, int kv_rows) {
+  const bool bad_qo = qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.total_q || (seg == 0 && qo_lo != 0) ||
+                      (seg == p.batch - 1 && qo_hi != p.total_q);
+  const bool bad_kv = kv_lo < 0 || kv_hi < kv_lo || kv_hi > kv_rows || (seg == 0 && kv_lo != 0);
+  if (bad_qo || bad_kv) {
+    atomicOr(p.error_flag, (bad_qo ? kBadQoIndptr : 0) | (bad_kv ? kBadKvIndptr : 0));
+    atomicMin(p.error_flag + 1, seg);
+  }
+}
+
 // grid = (num_splits, max_q_len * head_groups(num_heads), batch); kVariant: Fp8Variant (fp8 only). Segment bounds come from
 // the indptr contents, clamped to the tensors, so no indptr value can send a read out of bounds. Query r of a segment
 // of q_len rows attends its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of
@@ -364,6 +378,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5, (threadIdx.x & 31) >> 2,
                                                     threadIdx.x & 3, q_words);
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
+  if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0)
+    record_indptr_violation(p, seg, qo_lo, qo_hi, kv_lo, kv_hi, kv_rows);
   const int q_begin = clamp_int(qo_lo, 0, p.total_q), q_end = clamp_int(qo_hi, q_begin, p.total_q);
   const int kv_begin = clamp_int(kv_lo, 0, kv_rows), kv_end = clamp_int(kv_hi, kv_begin, kv_rows);
   const int q_len = q_end - q_begin, kv_len = kv_end - kv_begin;

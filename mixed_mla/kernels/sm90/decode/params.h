@@ -14,6 +14,7 @@ struct DecodeParams {
   uint16_t* out;                  // bf16 (total_q, H, 512), last dim contiguous
   uint16_t* partial_out;          // (total_q, H, num_splits, 512) bf16, used when num_splits > 1
   float* partial_lse;             // (total_q, H, num_splits) log2-domain LSE, used when num_splits > 1
+  int32_t* error_flag;            // (2,): [violation bits (config.h IndptrViolation), first bad segment]
   int64_t q_row_stride, q_head_stride;       // elements
   int64_t out_row_stride, out_head_stride;   // elements
   int64_t kv_row_stride;                     // bytes, multiple of 16
