@@ -123,7 +123,8 @@ def test_available_says_why_not(fake_rocm, monkeypatch):
     assert "failed to build: RuntimeError: hipcc" in hip_gfx950.available(torch.device("cuda", 0))
 
 
-def test_run_refuses_what_the_kernels_do_not_read():
+def test_run_refuses_what_the_kernels_do_not_read(monkeypatch):
+    monkeypatch.setenv(hip_gfx950.MXFP4_OPT_IN, "1")
     assert hip_gfx950.supports("fp8", 128) and hip_gfx950.supports("mxfp4", 16)
     assert not hip_gfx950.supports("bf16", 16) and not hip_gfx950.supports("fp8", 8)
     plan = Plan(backend="hip_gfx950", kv_format="fp8", num_splits=1, variant="occ5")
