@@ -1,6 +1,5 @@
 """MI355X status as code: until a bring-up run gives evidence, the default MI355X routes use only the seed's
 measured fp8 design and aiter, and the MXFP4 gfx950 variants serve only when MLA_GFX950_MXFP4=1 opts in."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -56,9 +55,8 @@ def test_the_mi355x_table_routes_only_to_paths_with_evidence():
 # ---- the bring-up command (tools/mi355x_bringup.py), its orchestration on CPU with fake steps ----
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("mi355x_bringup", ROOT / "tools/mi355x_bringup.py")
-bringup = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bringup)
+sys.path.insert(0, str(ROOT / "tools"))
+import mi355x_bringup as bringup  # noqa: E402
 
 
 def fake(name, code, timeout_s=30.0, **kwargs):
