@@ -209,7 +209,7 @@ def compile_device(build: dict, work: Path) -> dict:
 
 
 def compile_host(build: dict, work: Path) -> dict:
-    """The HIP unit's host side (launcher, kernel stubs) to an object; its defined symbols."""
+    """The HIP unit's host side (launcher, kernel stubs) compiled to an object."""
     hip, obj = Path(build["hip"]), work / "hip_host.o"
     source = hip.with_name(STRIPPED_UNIT) if hip.with_name(STRIPPED_UNIT).exists() else hip
     proc = _run(_hip_command(build) + ["--cuda-host-only", "-c", str(source), "-o", str(obj)], cwd=hip.parent)
