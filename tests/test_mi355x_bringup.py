@@ -141,9 +141,13 @@ def test_the_real_steps_cover_every_variant_and_format_and_keep_the_table_to_evi
 def test_the_child_modes_run_here(tmp_path):
     """The self-check child and the environment child, on CPU with the torch backend (the real code path)."""
     tool = str(ROOT / "tools/mi355x_bringup.py")
+    switched_off = dict(os.environ, MLA_SELFCHECK="0")   # the child turns the check back on
     check = subprocess.run([sys.executable, tool, "--selfcheck-one", "torch", "", "fp8", "--device", "cpu"],
-                           capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, MLA_SELFCHECK="0"))
+                           capture_output=True, text=True, cwd=ROOT, env=switched_off)
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["passed"] is True
+    assert json.loads(check.stdout)["passed"] is True and json.loads(check.stdout)["checked"] is True
+    refused = subprocess.run([sys.executable, tool, "--selfcheck-one", "hip_gfx950", "occ3", "fp8", "--device",
+                              "cpu"], capture_output=True, text=True, cwd=ROOT)
+    assert refused.returncode == 1 and "needs a ROCm build" in json.loads(refused.stdout)["problem"]
     facts = subprocess.run([sys.executable, tool, "--environment"], capture_output=True, text=True, cwd=ROOT)
     assert facts.returncode == 0 and "torch" in json.loads(facts.stdout)

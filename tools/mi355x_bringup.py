@@ -229,7 +229,8 @@ def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str) 
         warnings.simplefilter("always")
         passed = selfcheck.verified(backend_name, backends.module(backend_name).run, plan, torch.device(device))
     problem = "; ".join(str(w.message) for w in caught) or None
-    print(json.dumps({"passed": passed, "problem": problem, "seconds": round(time.monotonic() - start, 2)}))
+    print(json.dumps({"passed": passed, "checked": selfcheck.enabled(), "problem": problem,
+                      "seconds": round(time.monotonic() - start, 2)}))
     return 0 if passed else 1
 
 
