@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 
 DEFAULT_OUT = REPO / "bench" / "results" / "mi355x-bringup"
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"     # hip_gfx950.MXFP4_OPT_IN, spelled here so the parent never imports torch
+ROUTING_OVERRIDES = ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS", "MLA_SELFCHECK")   # planner / selfcheck env
 SELFCHECK_SPLITS = 32                  # the self-check runs 1 split and this many (mostly empty ones, the merge)
 TAIL_LINES = 40
 # Exit codes with a meaning of their own.
@@ -66,15 +67,17 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
     """The bring-up steps on this repository (the variant and format lists come from the backend module)."""
     from mixed_mla.backends import hip_gfx950   # imports torch: only the parent's step planning needs it
     tool = str(REPO / "tools" / "mi355x_bringup.py")
-    opted_out = {MXFP4_OPT_IN: None}
-    opted_in = {MXFP4_OPT_IN: "1"}
+    # the user's routing overrides would change what every step measures: each step runs without them
+    plain = {name: None for name in ROUTING_OVERRIDES}
+    opted_out = dict(plain, **{MXFP4_OPT_IN: None})
+    opted_in = dict(plain, **{MXFP4_OPT_IN: "1"})
 
     def minutes(m):
         return m * 60 * scale
 
-    steps = [Step("environment", [python, tool, "--environment"], minutes(3)),
-             Step("bundle", [python, "tools/bundle.py", "--check"], minutes(2)),
-             Step("build", [python, tool, "--build"], minutes(20))]
+    steps = [Step("environment", [python, tool, "--environment"], minutes(3), plain),
+             Step("bundle", [python, "tools/bundle.py", "--check"], minutes(2), plain),
+             Step("build", [python, tool, "--build"], minutes(20), plain)]
     steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt],
                    minutes(5), opted_in)
               for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY]
@@ -88,7 +91,7 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
               Step("autotune-mxfp4", [python, "tools/autotune.py", "--device-table", "{out}/mi355x-mxfp4-optin.json",
                                       "--partial", "{out}/mi355x-mxfp4-optin.partial.jsonl"], minutes(60), opted_in),
               Step("aiter-real", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_aiter_real.py"],
-                   minutes(30), absent_unless=REPO / "tests" / "test_aiter_real.py")]
+                   minutes(30), plain, absent_unless=REPO / "tests" / "test_aiter_real.py")]
     return steps
 
 
@@ -138,6 +141,8 @@ def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Pat
     lines = ["# MI355X bring-up report", "",
              f"- started {started.isoformat(timespec='seconds')}, commit {commit.stdout.strip() or 'unknown'}",
              f"- command: `python tools/mi355x_bringup.py {' '.join(argv)}`".rstrip(),
+             f"- every step runs with {', '.join(ROUTING_OVERRIDES)} and {MXFP4_OPT_IN} unset, except where its "
+             f"command shows {MXFP4_OPT_IN}=1",
              "- logs: `logs/` beside this file", ""]
     if environment is not None:
         lines += ["## Machine", "", "```", environment.tail, "```", ""]
@@ -148,7 +153,7 @@ def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Pat
               + (f"; failed: {', '.join(failed)}" if failed else ""), ""]
     lines += selfcheck_matrix(outcomes) + ["## Steps", ""]
     for o in outcomes:
-        env = " ".join(f"{k}={'(unset)' if v is None else v}" for k, v in o.step.env.items())
+        env = " ".join(f"{k}={v}" for k, v in o.step.env.items() if v is not None)
         command = " ".join(part.replace("{out}", str(out)) for part in o.step.command)
         lines += [f"### {o.step.name}: {o.status}", "",
                   f"`{(env + ' ') if env else ''}{command}` (timeout {o.step.timeout_s:.0f} s, took {o.seconds:.1f} s)"
