@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mixed_mla import backends
 from mixed_mla.backends import hip_gfx950
 from mixed_mla.planner import Plan
 
@@ -123,9 +124,10 @@ def test_available_says_why_not(fake_rocm, monkeypatch):
     assert "failed to build: RuntimeError: hipcc" in hip_gfx950.available(torch.device("cuda", 0))
 
 
-def test_run_refuses_what_the_kernels_do_not_read():
-    assert hip_gfx950.supports("fp8", 128) and hip_gfx950.supports("mxfp4", 16)
-    assert not hip_gfx950.supports("bf16", 16) and not hip_gfx950.supports("fp8", 8)
+def test_run_refuses_what_the_kernels_do_not_read(monkeypatch):
+    monkeypatch.setenv(hip_gfx950.MXFP4_OPT_IN, "1")
+    assert backends.supports("hip_gfx950", "fp8", 128) and backends.supports("hip_gfx950", "mxfp4", 16)
+    assert not backends.supports("hip_gfx950", "bf16", 16) and not backends.supports("hip_gfx950", "fp8", 8)
     plan = Plan(backend="hip_gfx950", kv_format="fp8", num_splits=1, variant="occ5")
     with pytest.raises(ValueError, match="bf16"):
         hip_gfx950.run(None, None, "bf16", None, None, None, plan, 1.0, 1)

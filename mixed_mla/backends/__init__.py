@@ -48,6 +48,8 @@ class BackendSpec:
     kernel_dir: Optional[str] = None   # its sources under mixed_mla/kernels/ (what the bundle ships for it)
     workspace: Optional[Callable] = None   # (plan, max_total_q, num_heads, device) -> what run(workspace=) takes;
                                            # made at plan time, owned and freed by the DecodePlan
+    serves: Optional[Callable] = None      # kv_format -> bool: a run-time narrowing of `formats` (an opt-in, read
+                                           # on every plan); None: every format it reads
 
     def __post_init__(self):
         if self.fastest_format not in self.formats or not self.variants:
@@ -102,6 +104,7 @@ def unavailable_reason(name: str, device_key: str):
 
 
 def supports(name: str, kv_format: str, num_heads: int) -> bool:
-    """Whether the backend's SPEC declares this format and head count."""
+    """Whether the backend's SPEC declares this format and head count, and serves the format now."""
     declared = spec(name)
-    return kv_format in declared.formats and num_heads in declared.num_heads
+    return (kv_format in declared.formats and num_heads in declared.num_heads and
+            (declared.serves is None or declared.serves(kv_format)))

@@ -8,12 +8,15 @@ Plan fields: `variant` occ2 | occ3 | occ4 = the occupancy target in workgroups p
 buffer; tools/gfx950_report.py checks each reaches it), `num_splits` = KV splits per query row.
 Formats: fp8 and mxfp4 caches (Q is quantised to fp8 in the kernel with a power-of-two scale per row and head);
 a bf16 cache is not read by these kernels. gfx942 (MI300X) is refused: see `available`.
+The mxfp4 variants are opt-in (MLA_GFX950_MXFP4=1): until an MI355X run of tools/mi355x_bringup.py gives them
+evidence, its SPEC's `serves` declines mxfp4 and a caller holding an mxfp4 cache is routed elsewhere (docs/mi355x.md).
 
 The build happens in `available` (the first plan on a device), outside any timed call. These kernels have been
 compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.selfcheck on the first use of each
 (variant, format) and routes a failing one elsewhere.
 """
 import functools
+import os
 
 import torch
 
@@ -21,7 +24,9 @@ from ..constants import HEAD_GROUP, QK_HEAD_DIM, V_HEAD_DIM
 from ..formats import as_uint8
 from ..kernels import jit_build
 
-FORMATS = ("fp8", "mxfp4")
+FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
+MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
+FORMATS_WITH_EVIDENCE = ("fp8",)                # the seed's measured fp8 design; mxfp4 never ran on an MI355X
 OCCUPANCY = {"occ2": 2, "occ3": 3, "occ4": 4}   # Plan.variant -> workgroups per CU (config.h)
 DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
@@ -37,17 +42,19 @@ GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gf
 from . import BackendSpec  # noqa: E402
 from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 
+def served_formats():
+    """The formats this backend serves now: FORMATS with the opt-in, else FORMATS_WITH_EVIDENCE."""
+    return FORMATS if os.environ.get(MXFP4_OPT_IN) == "1" else FORMATS_WITH_EVIDENCE
+
+
 SPEC = BackendSpec(
     name="hip_gfx950", archs=(ARCH,), formats=FORMATS, fastest_format="fp8",
     num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0),
-    variants=(DEFAULT_VARIANT,) + tuple(v for v in OCCUPANCY if v != DEFAULT_VARIANT), kernel_dir=KERNEL_DIR)
+    variants=(DEFAULT_VARIANT,) + tuple(v for v in OCCUPANCY if v != DEFAULT_VARIANT), kernel_dir=KERNEL_DIR,
+    serves=lambda kv_format: kv_format in served_formats())
 # ---- end of the backend declaration ----
 
 _workspaces = {}  # (device, stream) -> (partial_out, partial_lse), grown on demand, reused in stream order
-
-
-def supports(kv_format, num_heads):
-    return kv_format in FORMATS and num_heads % HEAD_GROUP == 0
 
 
 def available(device):

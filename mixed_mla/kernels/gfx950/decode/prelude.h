@@ -1,5 +1,6 @@
 // Device prelude: the few HIP names the gfx950 kernels use, so the same text builds two ways.
-// - Shipped build (ROCm torch load_inline / hipcc): the real <hip/hip_runtime.h> is included.
+// - Shipped build (ROCm torch load_inline / hipcc): the real <hip/hip_runtime.h> is included. CI builds it that
+//   way too (tools/gfx950_rocm_build.py: torch's own load_inline in ROCm mode, the HIP 7.1 headers, clang 22).
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
