@@ -10,7 +10,7 @@ import itertools
 import pytest
 import torch
 
-from mixed_mla import exact, formats
+from mixed_mla import exact, formats, validate
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS
 from mixed_mla.planner import Plan, variants
 
@@ -132,6 +132,8 @@ def test_garbage_indptr_reads_nothing_out_of_bounds():
         kvi = torch.randint(-2000, 3000, (9,), generator=gen, dtype=torch.int32).cuda()
         for kv_format, variant in FORMAT_VARIANTS:
             _run(q, _cache(kv, kv_format), kv_format, qo, kvi, 1 + trial % 3, 2, variant)
+    with pytest.raises(ValueError, match="bad qo_indptr and kv_indptr contents"):   # and the kernels said so
+        validate.raise_device_errors()
 
 
 def test_a_variant_is_refused_where_it_does_not_apply():
@@ -244,6 +246,8 @@ def test_paged_garbage_block_table_and_lengths_read_nothing_out_of_bounds():
     out = _run_paged((q, cache, contiguous, qo, kvi, bad_table[:, :table.shape[1]], bad_lens), "bf16", 3, "")
     torch.cuda.synchronize()
     assert torch.isfinite(out).all()
+    with pytest.raises(ValueError, match="bad kv_indptr contents"):   # lengths past the table's reach are recorded
+        validate.raise_device_errors()
 
 
 @pytest.mark.parametrize("kv_format,variant", PAGED_FORMAT_VARIANTS)
