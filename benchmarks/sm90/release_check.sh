@@ -49,8 +49,9 @@ echo "== leaderboard eval.py (reference-kernels $(cat .leaderboard/COMMIT)) test
   3>"$out/leaderboard_test_keys.txt" >"$out/leaderboard_test.txt" 2>&1)
 echo "rc=$? (leaderboard_test)" >>"$log"
 
-# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once, NOTES):
-# besides garbage indptr contents they get the layouts whose early guess of a uniform batch is wrong.
+# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once: the hang
+# in docs/sm90.md#what-it-does, "Prologue"): besides garbage indptr contents they get the layouts whose early guess
+# of a uniform batch is wrong.
 sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess"
 for tool in memcheck racecheck synccheck; do
   step "$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 9 \
