@@ -16,8 +16,8 @@
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
 // power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
 // Cost model: docs/sm90.md#the-budget (at 16 heads, instruction issue, not the tensor cores or HBM, sets the pace:
-// each kept change removed instructions from the per-tile loop). "docs/sm90.md vN" in the kernel comments names row
-// vN of docs/sm90.md#what-worked-and-what-didnt, the measurements behind a choice.
+// each kept change removed instructions from the per-tile loop). "vN" in these kernels' comments names row vN of
+// docs/sm90.md#what-worked-and-what-didnt, the measurements behind a choice.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 #include <math.h>
