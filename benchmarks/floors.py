@@ -17,8 +17,8 @@ KV_ROW_BYTES = {"bf16": QK_HEAD_DIM * BF16_BYTES, "fp8": QK_HEAD_DIM,
                 "mxfp4": MXFP4_PACKED_ROW_BYTES + MXFP4_BLOCKS_PER_ROW}
 FP8_SCALE_BYTES = 4
 
-# The H200 of this project, measured with a torch copy and a read-reduce of 1-1.5 GB (PROBLEM.md); the bench
-# measures its own device at the start of each run and uses this only as the reference it prints beside it.
+# The H200 of this project, measured with a torch copy and a read-reduce of 1-1.5 GB (docs/problem.md#hardware); the
+# bench measures its own device at the start of each run and uses this only as the reference it prints beside it.
 H200_MEASURED_TBPS = 4.25
 H200_BYTES_PER_S = H200_MEASURED_TBPS * 1e12
 # Bytes moved per timed copy (read + write): 2 GiB on a GPU, ~35x the H200's 60 MB L2 so the cache cannot serve

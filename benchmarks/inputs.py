@@ -20,7 +20,7 @@ QUANTISERS = {"fp8": quantize_fp8, "mxfp4": quantize_mxfp4}
 class DecodeInputs:
     shape: Shape
     q: torch.Tensor                 # (batch * q_len, H, 576) bf16
-    caches: dict                    # kv_format -> the cache in that format (DESIGN.md layouts)
+    caches: dict                    # kv_format -> the cache in that format (docs/design.md)
     qo_indptr: torch.Tensor         # (batch + 1,) int32
     kv_indptr: torch.Tensor
     out: torch.Tensor               # (batch * q_len, H, 512) bf16, written by whatever runs on this set

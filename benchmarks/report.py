@@ -51,7 +51,7 @@ def markdown(results) -> str:
                  f"driver {env.get('driver', 'n/a')}; FlashInfer {env['flashinfer']}.")
     lines.append(f"q_len 1, 16 heads, uniform lengths. Floor = the path's bytes (cache in its format + Q + output) "
                  f"over {env['copy_bandwidth_TBps']:.2f} TB/s, a device copy measured at the start of this run "
-                 f"(PROBLEM.md: {env['reference_bandwidth_TBps']} TB/s).")
+                 f"(docs/problem.md: {env['reference_bandwidth_TBps']} TB/s).")
     lines.append("Kernel-level times: device events around one call, L2 flushed and the GPU kept busy before each "
                  "call so host overhead is hidden, median over rotated input sets (benchmarks/timing.py). "
                  f"{HOST_BOUND_MARK} = host-bound: the call's host time exceeded the spin (it syncs or launches "

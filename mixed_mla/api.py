@@ -34,7 +34,7 @@ class DecodePlan:
     device: torch.device
     num_heads: int
     batch: int
-    max_q_len: int         # bounds every segment's query count (DESIGN.md)
+    max_q_len: int         # bounds every segment's query count (docs/design.md#the-planrun-contract)
     max_kv_len: int        # a launch hint only
     # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
     # self.plan (dataclasses.replace with another plan makes a new one), and freed with the plan.
@@ -117,7 +117,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
            max_kv_len=None, out=None, backend=None, validate=False):
-    """MLA decode: (total_q, H, 576) bf16 queries against one cache -> (total_q, H, 512) bf16 (DESIGN.md semantics).
+    """MLA decode: (total_q, H, 576) bf16 queries against one cache -> (total_q, H, 512) bf16
+    (docs/design.md#semantics-every-backend).
 
     kv_cache: bf16 tensor (N, 1, 576) | fp8 (data (N, 1, 576), scale (1,)) | mxfp4 (packed (N, 1, 288), scales).
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.

@@ -6,8 +6,8 @@ The first call with a layout also validates the indptr contents (one sync) and p
 the planner, MLA_* env respected). Later calls with the same layout key are those checks, a lookup in a bounded
 (LRU) cache of plans, and one backend call. The key holds everything a plan depends on that is free to read on
 the host; the indptr contents are not in it and need not be: backends read them on the device, clamped, and
-report bad ones at the next plan (validate.py), a plan fixes only launch geometry (DESIGN.md), and the output is
-a new tensor each call.
+report bad ones at the next plan (validate.py), a plan fixes only launch geometry (docs/design.md#the-planrun-contract),
+and the output is a new tensor each call.
 """
 from collections import OrderedDict
 

@@ -11,14 +11,16 @@ import torch
 from .constants import V_HEAD_DIM
 from .formats import dequantize
 
-# Bounds on the relative L2 error against exact attention on the format read. Measured (PROBLEM.md): rounding the
-# exact output to bf16 costs 0.0017, bf16 Q arithmetic lands near 0.01, an fp8 (per-tensor) Q adds 0.027; zeros
-# score 1.0 and a half-subsampled cache ~0.7-1.0. The bf16 path has no excuse for fp8 Q, so its bound is tighter.
+# Bounds on the relative L2 error against exact attention on the format read. Measured (docs/problem.md#accuracy):
+# rounding the exact output to bf16 costs 0.0017, bf16 Q arithmetic lands near 0.01, an fp8 (per-tensor) Q adds
+# 0.027; zeros score 1.0 and a half-subsampled cache ~0.7-1.0. The bf16 path has no excuse for fp8 Q, so its bound
+# is tighter.
 STRICT_BOUND = {"bf16": 0.02, "fp8": 0.05, "mxfp4": 0.05}
 
 
 def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale) -> torch.Tensor:
-    """float64 (total_q, H, 512) on q's device; the semantics of DESIGN.md (causal MTP rule, empty -> zeros)."""
+    """float64 (total_q, H, 512) on q's device; docs/design.md#semantics-every-backend (causal MTP
+    rule, empty -> zeros)."""
     kv = dequantize(kv_cache, kv_format).to(torch.float64)
     q64 = q.to(torch.float64)
     qo = qo_indptr.tolist()

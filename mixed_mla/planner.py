@@ -27,7 +27,7 @@ TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
 # Split heuristic, for shapes without a table entry. The grid is rows x splits workgroups (rows = batch x q_len x
 # head groups) of equal work, of which a compute unit holds _RESIDENT_PER_UNIT at once, so a call lasts about as
 # many "waves" as the slots are filled, and a last wave that leaves slots idle, or units holding one workgroup
-# beside units holding two, is time lost. Fitted on the H200 (NOTES_sm90.md, "The split heuristic"):
+# beside units holding two, is time lost. Fitted on the H200 (benchmarks/results/planner/README.md):
 # - long rows (at least one workgroup per unit with >= _MIN_TOKENS_PER_LONG_SPLIT tokens each): unsplit when that
 #   keeps >= _MIN_SLOT_USE_UNSPLIT of the slots busy (splitting costs each split's start and the merge: 200 rows
 #   unsplit measured 13% faster than 5 splits); else the fewest splits, no shorter than that, whose waves keep
@@ -120,7 +120,7 @@ def fewest_splits_for_share(kv_len: int, splits: int, tile_tokens: int) -> int:
     """The fewest splits that give a row of kv_len tokens the same share per split as `splits` do, when the kernel
     rounds a split's share up to whole tiles: the splits past that get no tokens yet cost a workgroup and a merge
     slot each (4 rows x 8192 tokens: 33 splits are 32 of 256 tokens and an empty one, and the merge then takes its
-    64-split pass: 5% slower than 32 splits on the H200, bench/results/planner/h200-2026-12-03-split-rounding/)."""
+    64-split pass: 4-6% slower than 32 splits on the H200, benchmarks/results/planner/split_rounding.txt)."""
     per_split = -(-kv_len // splits)                                       # ceil, as the kernel divides
     share = max(tile_tokens, -(-per_split // tile_tokens) * tile_tokens)   # whole tiles; an empty row: one
     return max(1, -(-kv_len // share))

@@ -24,7 +24,7 @@ def _zeros_implementation():
 
 
 def test_benchmark_shapes_are_the_case_file_s():
-    # PROBLEM.md: batch 4, 32, 64, 256 by kv 1024 and 8192, q_len 1, 16 heads.
+    # docs/problem.md#test-and-benchmark-cases: batch 4, 32, 64, 256 by kv 1024 and 8192, q_len 1, 16 heads.
     assert len(shapes.BENCHMARK_SHAPES) == 8
     assert {s.batch for s in shapes.BENCHMARK_SHAPES} == {4, 32, 64, 256}
     assert {s.kv_len for s in shapes.BENCHMARK_SHAPES} == {1024, 8192}
@@ -65,7 +65,8 @@ def test_layout_inputs_follow_ragged_lengths():
 
 
 def test_floor_bytes_match_problem_md():
-    # PROBLEM.md: (256, 8192) moves 1208 MB of fp8 cache and 642 MB of mxfp4 (576 and 306 bytes per token).
+    # docs/problem.md#bytes-and-floors: (256, 8192) moves 1208 MB of fp8 cache and 642 MB of mxfp4 (576 and 306
+    # bytes per token).
     shape = Shape(256, 8192)
     q_and_out = 256 * 16 * (576 + 512) * 2 + 2 * 257 * 4
     assert floors.path_bytes(shape, "fp8") - q_and_out == 256 * 8192 * 576 + 4

@@ -37,7 +37,7 @@ LAYOUTS = [  # (q_lens, kv_lens, num_heads)
 ]
 # Totals divisible by the batch, contents not uniform: the fp8 kernels' early guess of a uniform layout (v49) is wrong,
 # and its copies (a tile of the empty segment, a row the first segment lacks) must be drained, not used. The release
-# check's sanitizers select these by their ids (bench/run_h200_release.sh).
+# check's sanitizers select these by their ids (benchmarks/sm90/release_check.sh).
 WRONG_GUESS_LAYOUTS = [
     ([2, 2], [0, 10], 16),
     ([1, 3], [100, 300], 32),

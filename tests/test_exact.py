@@ -56,5 +56,5 @@ def test_quantised_cache_error_against_bf16_truth_matches_published_figures():
     truth = exact.exact_attention(q, kv, "bf16", qo, kvp, 1 / 24)
     fp8 = exact.exact_attention(q, formats.quantize_fp8(kv), "fp8", qo, kvp, 1 / 24)
     fp4 = exact.exact_attention(q, formats.quantize_mxfp4(kv), "mxfp4", qo, kvp, 1 / 24)
-    assert 0.02 < exact.relative_l2(fp8, truth) < 0.04     # PROBLEM.md: 0.029 at kv 1024
-    assert 0.09 < exact.relative_l2(fp4, truth) < 0.15     # PROBLEM.md: 0.12 at kv 1024
+    assert 0.02 < exact.relative_l2(fp8, truth) < 0.04     # docs/problem.md#accuracy: 0.029 at kv 1024
+    assert 0.09 < exact.relative_l2(fp4, truth) < 0.15     # docs/problem.md#accuracy: 0.12 at kv 1024

@@ -126,7 +126,8 @@ def test_ref_kernel_is_fp8_attention_within_the_fp8_bound():
     assert out.shape == (3, 16, V_HEAD_DIM) and out.dtype == torch.bfloat16
     passed, message = check_strict(data, out, "fp8")
     assert passed, message
-    # it did use an fp8 Q: not as close to exact attention as bf16 arithmetic would be (PROBLEM.md: ~0.027)
+    # it did use an fp8 Q: not as close to exact attention as bf16 arithmetic would be (docs/problem.md#accuracy:
+    # ~0.027)
     assert exact.relative_l2(out, exact_on(data, "fp8")) > 0.005
 
 

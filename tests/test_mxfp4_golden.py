@@ -5,7 +5,8 @@ inputs are the problem's randn rows plus edge cases (ties, snapping thresholds, 
 values, wide ranges, saturation). Two things the NVIDIA build of that kernel writes are artifacts of the
 NVIDIA arithmetic, not of the quantiser's rule; each is checked to be EXACTLY what we say it is:
   1. scale bytes: the float->uint8 conversion saturates negative exponents to 0, so every block with e < 0
-     is stored as 127; golden scales are the intended e + 127 (PROBLEM.md).
+     is stored as 127; golden scales are the intended e + 127
+     (docs/problem.md#how-the-mxfp4-quantiser-rounds).
   2. codes of blocks with e = 127 (amax >= 1.75 * 2^127, unreachable for randn data): the quant scale
      2^-127 is a float32 subnormal, flushed to zero there, so those codes keep only their sign bits.
 """

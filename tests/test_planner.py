@@ -48,7 +48,8 @@ def test_device_defaults():
 
 
 @pytest.mark.parametrize("arch, batch, q_len, kv_len, heads, splits", [
-    # short rows: one CTA per SM, splits down to 64 tokens (H200 best measured in parentheses, NOTES_sm90.md)
+    # short rows: one CTA per SM, splits down to 64 tokens (H200 best measured in parentheses;
+    # benchmarks/results/planner/)
     ("sm90", 1, 1, 4096, 16, 64),      # 4096 / 64 (s32-64 within 2%; the old 16 was 23% slower)
     ("sm90", 4, 1, 1024, 16, 16),      # 1024 / 64 (table: 16)
     ("sm90", 8, 1, 2048, 16, 16),      # 132 // 8 (s16; the old 8 was 18% slower)

@@ -58,7 +58,7 @@ def test_registers_that_break_occupancy_are_a_problem():
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("source, flags", [
-    ("instruction_rates.cu", []),                          # NOTES_sm90.md's measured instruction rates
+    ("instruction_rates.cu", []),                          # the instruction rates of docs/sm90.md#the-budget
     ("stream_read.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # benchmarks/sm90/protocol_floor.py's read probe
 ])
 def test_bench_probe_compiles(tmp_path, source, flags):

@@ -15,7 +15,7 @@ Recorded (npz, a few KiB), all per row of 576 elements:
   codes             uint8  (M, 288)   the real kernel's packed e2m1 codes: GOLDEN
   scales_kernel     uint8  (M, 18)    the real kernel's e8m0 bytes; on NVIDIA every block with a negative
                                       exponent reads 127: its float->uint8 conversion saturates at 0
-  scales_intended   uint8  (M, 18)    e + 127 from PROBLEM.md's rule (what the codes were computed with and
+  scales_intended   uint8  (M, 18)    e + 127 by the rule of docs/problem.md (what the codes were computed with and
                                       what the reference's dequantiser assumes): GOLDEN
   probe_rows, probe_shift, probe_codes, probe_scales: the real kernel run again on those rows times
                                       2^probe_shift (exact in bf16). Its exponents are then non-negative, so
@@ -126,8 +126,9 @@ def build_inputs() -> torch.Tensor:
 
 
 def intended_scale_bytes(x_bf16: torch.Tensor) -> np.ndarray:
-    """PROBLEM.md's rule, in numpy: amax snapped on its float32 bits, e = floor(log2) - 2 clamped to
-    [-127, 127], byte e + 127. (Written independently of mixed_mla.formats: it is the test's oracle.)"""
+    """The rule of docs/problem.md#how-the-mxfp4-quantiser-rounds, in numpy: amax snapped on its float32 bits,
+    e = floor(log2) - 2 clamped to [-127, 127], byte e + 127. (Written independently of mixed_mla.formats: it is the
+    test's oracle.)"""
     x = x_bf16.to(torch.float32).numpy().reshape(x_bf16.shape[0], BLOCKS_PER_ROW, BLOCK)
     amax_bits = np.abs(x).max(axis=-1).view(np.uint32).astype(np.uint64)
     snapped = ((amax_bits + 0x200000) & 0xFF800000).astype(np.uint32).view(np.float32)

@@ -1,7 +1,7 @@
 // Issue rates of the instructions the sm_90a decode loop is made of, measured on the GPU: warp instructions per
-// SM per cycle, for the per-token cycle budget in NOTES_sm90.md. Each SM runs one CTA of 32 warps; every thread
-// keeps 8 independent chains of one instruction (its result fed back as its input), so latency is hidden and the
-// rate is the instruction's throughput. Cycles come from clock64 on the SM itself.
+// SM per cycle, for the per-token cycle budget of docs/sm90.md#the-budget. Each SM runs one CTA of 32 warps; every
+// thread keeps 8 independent chains of one instruction (its result fed back as its input), so latency is hidden and
+// the rate is the instruction's throughput. Cycles come from clock64 on the SM itself.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o .build/instruction_rates benchmarks/sm90/instruction_rates.cu
 //   .build/instruction_rates        (on the GPU; prints one line per instruction)

@@ -63,9 +63,10 @@ tail -n 3 "$out"/pytest_gpu.txt >>"$log"
 cat "$out/eval_benchmark.txt" >>"$log"
 fi
 
-# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once, NOTES):
-# besides garbage indptr contents they get the layouts whose early guess of a uniform batch is wrong.
-# Paged plans replayed in a graph and garbage block tables ride along ("garbage" selects both garbage tests).
+# The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once: the hang
+# in docs/sm90.md#what-it-does, "Prologue"): besides garbage indptr contents they get the layouts whose early guess
+# of a uniform batch is wrong. Paged plans replayed in a graph and garbage block tables ride along ("garbage"
+# selects both garbage tests).
 if [[ "$parts" == *sanitizers* ]]; then
 sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged"
 for tool in memcheck racecheck synccheck; do

@@ -3,7 +3,7 @@
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a second
 kernel when > 1, and for fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax
-passes per token, coarser ends of rows: each is the fastest on some shapes, NOTES_sm90.md v42). One C++ call per
+passes per token, coarser ends of rows: each is the fastest on some shapes, docs/sm90.md v42). One C++ call per
 forward (binding.cpp), on the current stream, with no sync and no allocation: the split workspace is made at plan
 time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs are never reused.
 
@@ -147,11 +147,12 @@ def _no_pages(device):
     return torch.empty(0, dtype=torch.int32, device=device)
 
 
-# Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.15-2x
-# slower than fp8 on the 6 larger benchmark shapes, within ~1 us of it on 4x1024 and 32x1024 (H200, 2026-12-03),
-# where the planner's table, not this default, picks the format. fp8 defaults to 64-token tiles where a split's
-# share of a row is long (2048-8192 tokens per split measured 1-5% faster, the steady state dominating), 32-token
-# tiles below (256 tokens at two CTAs per SM measured 8% slower with 64; ties in between).
+# Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.16-1.95x
+# slower than fp8 on the 6 larger benchmark shapes, 1.25 us faster at 4x1024 and 1.98 us slower at 32x1024
+# (benchmarks/results/peers/, commit 818a4bf, H200), where the planner's table, not this default, picks the format.
+# fp8 defaults to 64-token tiles where a split's share of a row is long (2048-8192 tokens per split measured 1-5%
+# faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM measured 8% slower with
+# 64; ties in between).
 SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)

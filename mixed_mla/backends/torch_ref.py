@@ -1,8 +1,8 @@
 """The torch backend: reference-quality decode on any device (CPU, CUDA, ROCm), every format, every layout.
 
 Arithmetic: Q is bf16 (exact in float32), the cache is dequantised to float32 exactly as formats.dequantize does,
-scores, softmax and P.V run in float32; only the final output is rounded to bf16 (0.0017 relative L2, PROBLEM.md),
-so this backend sits an order of magnitude inside the strict bounds.
+scores, softmax and P.V run in float32; only the final output is rounded to bf16 (0.0017 relative L2,
+docs/problem.md#accuracy), so this backend sits an order of magnitude inside the strict bounds.
 
 Batches are processed in chunks of consecutive segments (their KV rows are one contiguous range of the cache).
 A chunk whose segments all have the same lengths is a view: two batched matmuls, no gather. A chunk with variable

@@ -34,7 +34,7 @@ constexpr int kFp8Boxes = (kFp8RowBytes + kFp8BoxBytes - 1) / kFp8BoxBytes;
 constexpr int kSwizzleAlign = 1024;
 
 // A tile of kTokens cache rows per pipeline stage: 32 (every format) or 64 (the fp8 kFp8Tile64 variant: half the
-// barriers, exchanges and softmax passes per token, NOTES_sm90.md v42). KvTile (kv_tiles.cuh) picks one.
+// barriers, exchanges and softmax passes per token, docs/sm90.md v42). KvTile (kv_tiles.cuh) picks one.
 template <int kTokens>
 struct TileGeometry {
   static constexpr int kTileTokens = kTokens;

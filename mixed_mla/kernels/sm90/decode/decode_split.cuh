@@ -15,8 +15,9 @@
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
 // power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
-// Cost model and measurements: NOTES_sm90.md (at 16 heads, instruction issue, not the tensor cores or HBM, sets
-// the pace: each kept change removed instructions from the per-tile loop).
+// Cost model: docs/sm90.md#the-budget (at 16 heads, instruction issue, not the tensor cores or HBM, sets the pace:
+// each kept change removed instructions from the per-tile loop). "vN" in these kernels' comments names row vN of
+// docs/sm90.md#what-worked-and-what-didnt, the measurements behind a choice.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 #include <math.h>
@@ -112,7 +113,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   // ldmatrix rows of P's A fragments: lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at token + 8.
   const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
   // The prologue's requests in the order the row needs them: tile 0, Q, then the other tiles; Q is prepared once
-  // all are in flight. (Q behind every prologue tile waits for the whole burst at 256 CTAs: NOTES_sm90.md v27.)
+  // all are in flight. (Q behind every prologue tile waits for the whole burst at 256 CTAs: docs/sm90.md v27.)
   // Tile j lives in stage (j + rot) % kStages: rot = kStages - 1 when the guessed tile 0 (in the last stage) is the
   // right one. A wrong guess's copy still lands in the last stage: the prologue waits for it before that stage's
   // first use (the loop never meets it).
@@ -213,7 +214,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     // found and combined only when a score passes m by more than kRebaseSlack (the first tile, then rarely).
     // Below that, p <= 2^kRebaseSlack is harmless in 16-bit P and fp32 sums, and o keeps its scale. The barrier
     // that publishes P also tells every warp whether any thread saw such a score, so the common path has no
-    // shuffle or shared-memory maximum on its way from the scores to P (NOTES_sm90.md v20).
+    // shuffle or shared-memory maximum on its way from the scores to P (docs/sm90.md v20).
     float pr[kOwnNTiles][4];
     // P of this warp's n-tiles against the current m, into the P tile; returns whether a score passes m by more
     // than the slack (read on the first call only: after a rebase none does).
@@ -355,7 +356,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
   const int first_r = blockIdx.y / groups;
   // Every other read depends on the indptr, a cold round trip, so where it pays (Tile::kGuessFirstTile: 64-token fp8
-  // tiles) the guessed row's first tile and Q are requested before it (NOTES_sm90.md v49).
+  // tiles) the guessed row's first tile and Q are requested before it (docs/sm90.md v49).
   const RowGuess guess = Tile::kGuessFirstTile && !kPaged
                              ? guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x) : RowGuess();
   if constexpr (Tile::kTma) {

@@ -7,7 +7,7 @@
 //   V (B operand of O = P.V, k = token, n = dim): n-tile 4G + r, column g is dim 128w + 32G + 4g + r; the rows
 //     are tokens 16s + 2t (+1) and 16s + 8 + 2t (+1). The output C fragment then holds 8 consecutive dims.
 //     (Reading V through ldmatrix.trans from an f16 copy that Q.K writes halves the fp8 conversions but measured
-//     slower, NOTES_sm90.md v8 and v12; so did Q.K's fp8 K fragments transposed by movmatrix on most shapes, v34
+//     slower, docs/sm90.md v8 and v12; so did Q.K's fp8 K fragments transposed by movmatrix on most shapes, v34
 //     and v42: they hold 64 registers per 32 tokens.)
 #pragma once
 #include <stdint.h>
@@ -132,7 +132,7 @@ struct Fp8SwizzledRows {
 // zero-filled without reading (a zero row contributes nothing even where its score is masked to -inf). A row's
 // 16-byte chunks come in passes of 32 (warp w copies rows w, w + 4, ..., lane l chunk l of each pass, walking one
 // source pointer down the rows) and a remainder (bf16: 8 chunks of every row) dealt out flat over all threads, so
-// every lane of every cp.async carries a chunk (NOTES_sm90.md v21). Only a split's last tile checks bounds.
+// every lane of every cp.async carries a chunk (docs/sm90.md v21). Only a split's last tile checks bounds.
 template <int kRowBytes, int kRowStride, int kTileTokens>
 struct RowCopier {
   static constexpr int kChunksPerRow = kRowBytes / 16;
@@ -190,7 +190,7 @@ struct RowCopier {
 // kVariant (config.h Fp8Variant) selects the fp8 tile size; the other formats have one.
 // kPrologueTiles: the tiles issued before the loop. With 3-4 stages one stays empty until the loop's first barrier
 // (cp.async's wait counts rely on it); the two 64-token stages are both filled at once, so that a second tile is in
-// flight from the start (NOTES_sm90.md v41: within noise of filling one).
+// flight from the start (docs/sm90.md v41: within noise of filling one).
 template <int kFormat, int kVariant = kFp8Tile32>
 struct KvTile;
 
@@ -231,7 +231,7 @@ struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 :
   using Rows = Fp8SwizzledRows<Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = kVariant != kFp8Gather;   // kFp8Gather: cp.async row by row (PagedCopyPipe only)
-  // The first tile and Q requested on a guessed layout before the indptr (decode_split.cuh, NOTES_sm90.md v49):
+  // The first tile and Q requested on a guessed layout before the indptr (decode_split.cuh, docs/sm90.md v49):
   // measured faster with 64-token tiles only (-1.3..2 us on 32x8192, 64x8192, 256x1024), +0.7 us at 64x1024 with 32.
   static constexpr bool kGuessFirstTile = kVariant == kFp8Tile64;
   static constexpr int kStages = kVariant == kFp8Tile64 ? kStagesFp8Tile64 : kStagesFp8;
@@ -396,7 +396,7 @@ struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
 
   // Task c of a slab of two blocks x all rows: block 2 * slab + (c & 1), row (c % slab size) / 2. A quarter-warp
   // then covers 4 rows x 2 blocks, whose 16-byte stores (rows 16 mod 128 bytes apart, blocks 64) and 16-byte code
-  // loads (rows 32 mod 128, blocks 16) all hit different banks (NOTES_sm90.md v45, v46).
+  // loads (rows 32 mod 128, blocks 16) all hit different banks (docs/sm90.md v45, v46).
   static constexpr int kSlab = 2 * kTileTokens;
   __device__ __forceinline__ static int task_row(int c) { return (c % kSlab) >> 1; }
   __device__ __forceinline__ static int task_block(int c) { return 2 * (c / kSlab) + (c & 1); }

@@ -3,7 +3,7 @@
 // Latency is the whole cost here (a few MB at most, from L2): every thread loads the LSEs and its partials of all
 // splits at once, so a row costs one round trip to L2, with no weight pass, shared memory or barrier before the
 // partial loads. The launch picks the smallest kSplitsMax that holds the split count (16, 32 or 64 loads in flight
-// per thread: one pass of 16 over 32 splits cost a second round trip, ~0.9 us, NOTES_sm90.md v35).
+// per thread: one pass of 16 over 32 splits cost a second round trip, ~0.9 us, docs/sm90.md v35).
 #pragma once
 #include <math.h>
 #include <stdint.h>

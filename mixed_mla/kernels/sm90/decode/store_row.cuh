@@ -1,7 +1,7 @@
 // The end of a row: normalised output of the two head rows a thread holds (8 consecutive dims per 32-dim group),
 // as bf16 to `out` when the row is not split, else as bf16 partials plus the fp32 log2-domain LSE for the merge.
 // bf16 partials halve the stores at the end of every split CTA (fp32 ones took 1.2-2.3 us at 256 CTAs,
-// NOTES_sm90.md v29); their rounding is that of the output itself, well inside the accuracy bounds.
+// docs/sm90.md v29); their rounding is that of the output itself, well inside the accuracy bounds.
 #pragma once
 #include <math.h>
 #include <stdint.h>
