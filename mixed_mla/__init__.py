@@ -1,3 +1,4 @@
 """mixed-mla: MLA decode (DeepSeek absorbed form) over bf16 / fp8 / mxfp4 KV caches."""
 
-from .paged import PagedDecodePlan, decode_paged, plan_paged  # noqa: E402,F401  (the paged cache API)
+from .api import DecodePlan, decode, plan  # noqa: F401  (the contiguous cache API)
+from .paged import PagedDecodePlan, decode_paged, plan_paged  # noqa: F401  (the paged cache API)
