@@ -200,14 +200,20 @@ struct LinearRows {
   __device__ __forceinline__ static int offset(int row, int byte) { return row * kRowStride + byte; }
 };
 
-template <int kVariant>
-struct KvTile<kFormatBf16, kVariant> : TileGeometry<32> {
+// What the tiles that threads copy (cp.async) and the bf16 fragment loaders read have in common: 32-token tiles of
+// bf16 rows in shared memory, bf16 products, no TMA and so no early guess (v49, decode_split.cuh, needs TMA tiles).
+template <int kStageCount>
+struct CopiedBf16Tile : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
-  static constexpr bool kGuessFirstTile = false;  // v49 (decode_split.cuh) needs TMA tiles
-  static constexpr int kStages = kStagesBf16;
+  static constexpr bool kGuessFirstTile = false;
+  static constexpr int kStages = kStageCount;
   static constexpr int kPrologueTiles = kStages - 1;
+};
+
+template <int kVariant>
+struct KvTile<kFormatBf16, kVariant> : CopiedBf16Tile<kStagesBf16> {
   static constexpr int kStageBytes = kTileTokens * kBf16SmemRowStride;
   static constexpr int kExpandedBytes = 0;
   // Where a row's bytes land in the stage (the paged copier, PagedCopyPipe, writes row by row)
@@ -326,13 +332,7 @@ struct Fp4Lookup {
 // MXFP4: the stage holds the packed rows (288 B) and their 24 scale bytes; `prepare` expands it once into a bf16
 // tile that the bf16 fragment loaders read, so K and V share one dequantisation per value.
 template <int kVariant>
-struct KvTile<kFormatMxfp4, kVariant> : TileGeometry<32> {
-  using Rows = Bf16Rows;
-  static constexpr bool kF16PV = false;
-  static constexpr bool kTma = false;
-  static constexpr bool kGuessFirstTile = false;  // v49 (decode_split.cuh) needs TMA tiles
-  static constexpr int kStages = kStagesMxfp4;
-  static constexpr int kPrologueTiles = kStages - 1;
+struct KvTile<kFormatMxfp4, kVariant> : CopiedBf16Tile<kStagesMxfp4> {
   static constexpr int kPackedBytes = kTileTokens * kFp4RowBytes;
   static constexpr int kStageBytes = kPackedBytes + kTileTokens * kFp4ScaleCols;
   static constexpr int kExpandedBytes = kTileTokens * kBf16SmemRowStride;

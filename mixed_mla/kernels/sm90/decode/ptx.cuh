@@ -66,21 +66,21 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 
 // D += A.B, m16n8k16, fp32 accumulate. A: 4 regs (row-major 16x16), B: 2 regs (col-major 16x8), D: 4 fp32.
+// AB: the input type's PTX name (f16 or bf16); the one instruction both products use.
+#define MLA_SM90_MMA_M16N8K16(AB)                                                                    \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." AB "." AB ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+               "{%8,%9}, {%0,%1,%2,%3};\n"                                                            \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+
 __device__ __forceinline__ void mma_f16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  MLA_SM90_MMA_M16N8K16("f16");
 }
 
 __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  MLA_SM90_MMA_M16N8K16("bf16");
 }
+#undef MLA_SM90_MMA_M16N8K16
 
 // Four 8x8 b16 matrices from shared memory: lanes 8i .. 8i + 7 give the row addresses of matrix i, and thread
 // (g, t) receives elements (g, 2t), (g, 2t + 1) of each, i.e. an mma A fragment of a row-major 16x16 tile.
