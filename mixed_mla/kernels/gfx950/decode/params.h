@@ -14,6 +14,7 @@ struct DecodeParams {
   uint16_t* out;                   // bf16 bits (total_q, num_heads, 512); written when num_splits == 1
   uint16_t* partial_out;           // bf16 bits [total_q][num_heads][num_splits][512], normalised per split
   float* partial_lse;              // [total_q][num_heads][num_splits], log2 units; -inf for an empty split
+  int32_t* error_flag;             // (2,): [IndptrViolation bits, first bad segment] (validate.py's flag)
   int64_t q_row_stride, q_head_stride;      // elements
   int64_t out_row_stride, out_head_stride;  // elements
   int total_q, num_heads, batch, num_kv_rows, num_splits;

@@ -59,6 +59,15 @@ __device__ inline float lane_xor(float v, int mask) { return lane_read(v, lane_i
 // Make a value wave-uniform so the compiler keeps it (and what is derived from it) in SGPRs.
 __device__ inline int uniform(int v) { return __builtin_amdgcn_readfirstlane(v); }
 
+// Relaxed atomic read-modify-writes of a global dword at agent scope: what HIP's atomicOr / atomicMin (int) are
+// (hip/amd_detail/amd_hip_atomic.h), spelled with clang's builtins so the static check needs no HIP header.
+__device__ inline void atomic_or(int32_t* address, int32_t bits) {
+  __hip_atomic_fetch_or(address, bits, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ inline void atomic_min(int32_t* address, int32_t value) {
+  __hip_atomic_fetch_min(address, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+
 // s_waitcnt with only the vector-memory counter constrained (gfx9 encoding: vmcnt in bits 3:0 and 15:14,
 // expcnt 6:4 and lgkmcnt 11:8 left at their maxima). `n` must fold to a constant.
 #define MLA_WAIT_VMCNT(n) \
