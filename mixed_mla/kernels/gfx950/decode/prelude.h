@@ -4,7 +4,7 @@
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
-// A third mode, MLA_CPU_EMULATION, is test equipment: ../cpu_emulation/ runs the same text on CPU threads.
+// A third mode, MLA_CPU_EMULATION, is test equipment: emulator/gfx950/ runs the same text on CPU lanes.
 #pragma once
 
 #if defined(MLA_CPU_EMULATION)
