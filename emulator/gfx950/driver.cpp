@@ -13,6 +13,7 @@
 #include "stage1_mxfp4_occ3.hip"
 #include "stage1_mxfp4_occ4.hip"
 #include "merge.hip"
+#include "indptr_guard.hip"
 
 namespace mla_emu {
 Group* group = nullptr;
@@ -190,4 +191,15 @@ extern "C" int emu_atomic(int32_t* buffer, int words, long byte_offset, int op, 
     mla_emu::global_atomic(target, values[l], scope, op == 0 ? mla_emu::AtomicOp::Or : mla_emu::AtomicOp::Min);
   });
   return ok ? 0 : 1;
+}
+
+// The aiter route's indptr guard kernel on one workgroup; atomics may address only the flag.
+extern "C" int emu_indptr_guard(const mla_gfx950::IndptrGuardParams* params, char* error, int error_len) {
+  GroupScope scope(error, error_len);
+  scope.g->atomic_lo = params->error_flag;
+  scope.g->atomic_hi = params->error_flag + 2;
+  Fibers fibers(mla_gfx950::THREADS);
+  const mla_gfx950::IndptrGuardParams p = *params;
+  scope.g->block[0] = scope.g->block[1] = scope.g->block[2] = 0;
+  return run_group(fibers, mla_gfx950::THREADS, [p] { indptr_guard(p); }) ? 0 : 1;
 }

@@ -114,3 +114,20 @@ def atomic(lib, buffer, op, scope, values, byte_offset=0):
                         ATOMIC_OPS[op], facts.HIP_MEMORY_SCOPES[scope], ctypes.c_void_p(values.data_ptr()),
                         error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), buffer
+
+
+class IndptrGuardParams(ctypes.Structure):
+    """Mirror of params.h IndptrGuardParams."""
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("qo_indptr", "kv_indptr", "qo_out", "kv_out", "error_flag")]
+                + [(name, ctypes.c_int) for name in ("n", "total_q", "num_kv_rows")])
+
+
+def indptr_guard(lib, qo, kv, total_q, num_kv_rows, error_flag):
+    """(error, qo_out, kv_out) of the indptr guard kernel on CPU lanes; error_flag (int32 (2,)) is updated."""
+    qo, kv = qo.to(torch.int32).contiguous(), kv.to(torch.int32).contiguous()
+    qo_out, kv_out = torch.full_like(qo, -99), torch.full_like(kv, -99)
+    p = IndptrGuardParams(qo.data_ptr(), kv.data_ptr(), qo_out.data_ptr(), kv_out.data_ptr(), error_flag.data_ptr(),
+                          qo.numel(), total_q, num_kv_rows)
+    error = _error_buffer()
+    rc = lib.emu_indptr_guard(ctypes.byref(p), error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), qo_out, kv_out

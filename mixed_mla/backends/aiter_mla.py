@@ -14,7 +14,7 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the indptr guard (14, below), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
+alignment assertion), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
 (3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
 timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
 all of this included.
@@ -26,9 +26,10 @@ and the violation is recorded in the device's error flag (validate.device_error_
 validate.raise_device_errors, to raise. Before aiter sees them, guard_indptr copies both arrays into plan-owned
 device buffers clamped to [0, total_q] (qo) and [0, cache rows] (kv), with a running max so they never decrease,
 the first entries 0 and qo's last total_q, and ORs any change (bit FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR, the
-first segment whose entry changed) into the flag. No host sync and no allocation with the plan's workspace (torch
-ops into preallocated buffers, 14 small launches, CUDA-graph safe); everything after the guard, the page tables
-and the zero-fix included, reads the clamped copies.
+first segment whose entry changed) into the flag. No host sync and no allocation with the plan's workspace: one
+launch of a kernel in the gfx950 HIP module where that module is built (on gfx950), else 14 torch ops into
+preallocated buffers (gfx942; CUDA-graph safe either way). Everything after the guard, the page tables and the
+zero-fix included, reads the clamped copies.
 
 Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
 (amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, docs/problem.md); with a bf16 cache Q
@@ -126,13 +127,30 @@ def make_workspace(plan, max_total_q: int, num_heads: int, device) -> IndptrGuar
                        int32(1), device_error_flag(device))
 
 
+@functools.lru_cache(maxsize=8)
+def _hip_guard(device):
+    """The gfx950 HIP module's one-launch guard (kernels/gfx950/decode/indptr_guard.hip) where that module is built
+    for `device` (hip_gfx950 is available there), else None: then guard_indptr runs as torch ops."""
+    from . import unavailable_reason
+    if device.type != "cuda" or unavailable_reason("hip_gfx950", str(device)) is not None:
+        return None
+    from . import hip_gfx950
+    return hip_gfx950._module().guard_indptr
+
+
 def guard_indptr(qo_indptr, kv_indptr, total_q: int, num_kv_rows: int, guard: IndptrGuard):
     """(qo, kv) clamped copies of the indptr arrays that aiter can read in bounds, whatever they held: qo within
     [0, total_q], kv within [0, num_kv_rows], both non-decreasing from 0, qo ending at total_q. Any entry that had to
     change is recorded in guard.error_flag: its array's bit ORed into [0], the first such segment min'ed into [1].
-    On the device, no sync, no allocation (14 launches into guard's buffers); valid for any batch + 1 <= capacity.
+    On the device, no sync, no allocation: one launch of the gfx950 module's kernel where it is built (_hip_guard),
+    else 14 torch launches into guard's buffers; valid for any batch + 1 <= capacity.
     """
     n = qo_indptr.shape[0]
+    kernel = _hip_guard(qo_indptr.device)
+    if kernel is not None:   # one launch, the same rule (its test: tests/test_gfx950_indptr_guard.py)
+        out = guard.clamped[:2 * n].view(2, n)
+        kernel(qo_indptr, kv_indptr, out[0], out[1], guard.error_flag, total_q, num_kv_rows)
+        return out[0], out[1]
     raw, bounded, clamped, argmax, changed, keys = (buffer[:2 * n].view(2, n) for buffer in (
         guard.raw, guard.bounded, guard.clamped, guard.argmax, guard.changed, guard.keys))
     torch.stack((qo_indptr, kv_indptr), out=raw)

@@ -41,7 +41,8 @@ DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
 KERNEL_FILES = ("stage1_fp8_occ2.hip", "stage1_fp8_occ3.hip", "stage1_fp8_occ4.hip", "stage1_mxfp4_occ2.hip",
-                "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "merge.hip", "launch.hip")
+                "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "merge.hip", "indptr_guard.hip", "launch.hip")
+FUNCTIONS = ("forward", "guard_indptr")   # binding.cpp's exports: the decode, the aiter route's indptr guard
 ROW_BYTES = {"fp8": QK_HEAD_DIM, "mxfp4": QK_HEAD_DIM // 2}
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
@@ -83,7 +84,7 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"])
+    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"], functions=FUNCTIONS)
 
 
 def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):

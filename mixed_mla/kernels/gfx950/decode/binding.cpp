@@ -8,6 +8,7 @@
 
 namespace mla_gfx950 {
 int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream);
+int launch_indptr_guard(const IndptrGuardParams& p, void* stream);
 }
 
 namespace {
@@ -84,4 +85,27 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy,
                                             c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
+}
+
+// The aiter route's indptr guard (indptr_guard.hip): qo_out / kv_out (n,) int32 receive the clamped copies of
+// qo_indptr / kv_indptr (n,) int32; changes are recorded in error_flag (2,) int32. One launch on the current stream.
+void guard_indptr(torch::Tensor qo_indptr, torch::Tensor kv_indptr, torch::Tensor qo_out, torch::Tensor kv_out,
+                  torch::Tensor error_flag, int64_t total_q, int64_t num_kv_rows) {
+  const int64_t n = qo_indptr.numel();
+  for (const torch::Tensor* t : {&qo_indptr, &kv_indptr, &qo_out, &kv_out, &error_flag})
+    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device() == qo_indptr.device() &&
+                t->is_cuda(), "indptr guard tensors must be contiguous int32 on one GPU");
+  TORCH_CHECK(n >= 2 && kv_indptr.numel() == n && qo_out.numel() == n && kv_out.numel() == n &&
+              error_flag.numel() == 2, "indptr guard: (batch + 1,) arrays and a (2,) flag");
+  mla_gfx950::IndptrGuardParams p{};
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.qo_out = qo_out.data_ptr<int32_t>();
+  p.kv_out = kv_out.data_ptr<int32_t>();
+  p.error_flag = error_flag.data_ptr<int32_t>();
+  p.n = (int)n;
+  p.total_q = (int)total_q;
+  p.num_kv_rows = (int)num_kv_rows;
+  const int err = mla_gfx950::launch_indptr_guard(p, c10::cuda::getCurrentCUDAStream(qo_indptr.get_device()).stream());
+  TORCH_CHECK(err == 0, "hip_gfx950 indptr guard launch failed with hipError ", err);
 }

@@ -15,6 +15,7 @@ __global__ void stage1_mxfp4_occ2(mla_gfx950::DecodeParams);
 __global__ void stage1_mxfp4_occ3(mla_gfx950::DecodeParams);
 __global__ void stage1_mxfp4_occ4(mla_gfx950::DecodeParams);
 __global__ void merge_splits(mla_gfx950::DecodeParams);
+__global__ void indptr_guard(mla_gfx950::IndptrGuardParams);
 }
 
 namespace mla_gfx950 {
@@ -36,6 +37,12 @@ int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream
   }
   if (p.num_splits > 1)
     hipLaunchKernelGGL(merge_splits, dim3(p.total_q, p.num_heads), dim3(WAVE_SIZE), 0, s, p);
+  return (int)hipGetLastError();
+}
+
+// The aiter route's indptr guard: one workgroup (indptr_guard.hip). Returns a hipError_t as int.
+int launch_indptr_guard(const IndptrGuardParams& p, void* stream) {
+  hipLaunchKernelGGL(indptr_guard, dim3(1), dim3(THREADS), 0, static_cast<hipStream_t>(stream), p);
   return (int)hipGetLastError();
 }
 

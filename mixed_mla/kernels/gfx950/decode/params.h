@@ -21,4 +21,14 @@ struct DecodeParams {
   float sm_scale_log2;             // sm_scale * log2(e): scores are kept in log2 units for exp2
 };
 
+// The aiter route's indptr guard (indptr_guard.hip; mixed_mla/backends/aiter_mla.py guard_indptr).
+struct IndptrGuardParams {
+  const int32_t* qo_indptr;        // (n,) as given
+  const int32_t* kv_indptr;        // (n,) as given
+  int32_t* qo_out;                 // (n,) clamped to [0, total_q], non-decreasing, 0 first, total_q last
+  int32_t* kv_out;                 // (n,) clamped to [0, num_kv_rows], non-decreasing, 0 first
+  int32_t* error_flag;             // (2,): as DecodeParams::error_flag
+  int n, total_q, num_kv_rows;
+};
+
 }  // namespace mla_gfx950
