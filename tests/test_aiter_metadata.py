@@ -514,3 +514,15 @@ def test_without_the_guard_aiter_would_read_out_of_bounds(fake, flag, monkeypatc
     q, kv_cache, qo, kvp = _bad_case(*BAD_INDPTR["kv past the cache"][:2])
     with pytest.raises((IndexError, RuntimeError, ModelError)):
         _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), GOOD.max_q_len)
+
+
+def test_where_the_gfx950_module_is_built_the_guard_is_its_one_kernel(fake, flag, monkeypatch):
+    calls = []
+    monkeypatch.setattr(aiter_mla, "_hip_guard", lambda device: lambda *args: calls.append(args))
+    q, kv_cache, qo, kvp = _bad_case(None, None)
+    guard = aiter_mla.make_workspace(_plan(variant="fast"), q.shape[0], 16, "cpu")
+    qo_seen, kv_seen = aiter_mla.guard_indptr(qo, kvp, q.shape[0], 200, guard)
+    (args,) = calls
+    assert args[0] is qo and args[1] is kvp and args[4] is guard.error_flag and args[5:] == (q.shape[0], 200)
+    assert args[2].data_ptr() == qo_seen.data_ptr() == guard.clamped.data_ptr()
+    assert kv_seen.data_ptr() == guard.clamped.data_ptr() + 4 * qo.numel()
