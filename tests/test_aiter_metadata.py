@@ -19,7 +19,7 @@ import torch
 
 from aiter_model import fake_aiter
 from aiter_model.metadata import MI300X, MI355X, ModelError
-from mixed_mla import exact, formats, selfcheck
+from mixed_mla import exact, formats, selfcheck, validate
 from mixed_mla.backends import aiter_mla
 from mixed_mla.planner import Plan
 
@@ -446,3 +446,83 @@ def test_the_fixed_route_serves_or_refuses_what_the_pre_fix_route_got_wrong(monk
     assert _served_error(LAYOUTS["uniform-long"], "fp8", _plan(splits=4)) < exact.STRICT_BOUND["fp8"]
     with pytest.raises(RuntimeError, match=V1_0_REFUSAL):
         _served_error(LAYOUTS["empty-segment"], "fp8", _plan(splits=16))
+
+
+# ---- bad indptr contents (validate.py tier 3): clamped on the device before aiter reads them, and flagged ----
+
+QO_BIT, KV_BIT = validate.FLAG_BAD_QO_INDPTR, validate.FLAG_BAD_KV_INDPTR
+GOOD = Case((40, 56, 24, 64), q_lens=(1, 2, 1, 1), cache_rows=200)        # qo [0 1 3 4 5], kv [0 40 96 120 184]
+BAD_INDPTR = {   # (qo or None: the good one, kv or None, expected bits, first flagged segment)
+    "kv decreasing": (None, [0, 40, 20, 120, 184], KV_BIT, 1),
+    "kv past the cache": (None, [0, 40, 96, 120, 10**6], KV_BIT, 3),
+    "kv negative": (None, [0, -8, 96, 120, 184], KV_BIT, 0),
+    "kv first entry not 0": (None, [16, 40, 96, 120, 184], KV_BIT, 0),
+    "qo decreasing": ([0, 1, 3, 2, 5], None, QO_BIT, 2),
+    "qo short of total_q": ([0, 1, 3, 4, 4], None, QO_BIT, 3),
+    "qo past total_q": ([0, 1, 3, 4, 99], None, QO_BIT, 3),
+    "both": ([0, 1, 3, 4, 4], [0, 40, 20, 120, 184], QO_BIT | KV_BIT, 1),
+}
+
+
+@pytest.fixture
+def flag(monkeypatch):
+    monkeypatch.setattr(validate, "_error_flags", {})
+    return validate.device_error_flag(torch.device("cpu"))
+
+
+def _bad_case(qo_values, kv_values):
+    q, kv_cache, qo, kvp = _tensors(GOOD, "fp8")
+    as_indptr = lambda values, good: good if values is None else torch.tensor(values, dtype=torch.int32)  # noqa
+    return q, kv_cache, as_indptr(qo_values, qo), as_indptr(kv_values, kvp)
+
+
+@pytest.mark.parametrize("case", list(BAD_INDPTR))
+def test_bad_indptr_is_clamped_before_aiter_reads_it_and_flagged(fake, flag, case):
+    qo_values, kv_values, bits, segment = BAD_INDPTR[case]
+    q, kv_cache, qo, kvp = _bad_case(qo_values, kv_values)
+    plan = _plan(variant="fast")
+    workspace = aiter_mla.make_workspace(plan, q.shape[0], 16, "cpu")
+    out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16)
+    # the fake aiter reads what it is given: an index outside a tensor raises there, as it would fault on a GPU
+    aiter_mla.run(q, kv_cache, "fp8", qo, kvp, out, plan, SM_SCALE, GOOD.max_q_len, workspace=workspace)
+    assert torch.isfinite(out.float()).all()
+    assert flag.tolist() == [bits, segment]
+    with pytest.raises(ValueError, match="bad .*indptr contents"):
+        validate.raise_device_errors("cpu")
+    seen_qo, seen_kv = fake.indptr[-1]
+    assert seen_qo[0] == 0 and seen_qo[-1] == q.shape[0] and seen_kv[-1] <= kv_cache[0].shape[0]
+    assert all(a <= b for a, b in zip(seen_kv, seen_kv[1:])) and all(a <= b for a, b in zip(seen_qo, seen_qo[1:]))
+
+
+def test_good_indptr_leaves_the_flag_clear_and_the_plan_buffers_are_reused(fake, flag):
+    q, kv_cache, qo, kvp = _bad_case(None, None)
+    plan = _plan(variant="fast")
+    workspace = aiter_mla.make_workspace(plan, q.shape[0], 16, "cpu")
+    qo_seen, kv_seen = aiter_mla.guard_indptr(qo, kvp, q.shape[0], kv_cache[0].shape[0], workspace)
+    assert torch.equal(qo_seen, qo) and torch.equal(kv_seen, kvp)
+    buffer = workspace.clamped
+    assert buffer.data_ptr() <= kv_seen.data_ptr() < buffer.data_ptr() + buffer.numel() * 4   # no new tensor
+    out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16)
+    aiter_mla.run(q, kv_cache, "fp8", qo, kvp, out, plan, SM_SCALE, GOOD.max_q_len, workspace=workspace)
+    assert flag.tolist() == validate.device_error_flag(torch.device("cpu")).tolist() and flag[0] == 0
+    assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
+
+
+def test_without_the_guard_aiter_would_read_out_of_bounds(fake, flag, monkeypatch):
+    # the negative: the same bad contents handed to aiter as they are make its (modelled) reads leave the tensors
+    monkeypatch.setattr(aiter_mla, "guard_indptr", lambda qo, kv, *args: (qo, kv))
+    q, kv_cache, qo, kvp = _bad_case(*BAD_INDPTR["kv past the cache"][:2])
+    with pytest.raises((IndexError, RuntimeError, ModelError)):
+        _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), GOOD.max_q_len)
+
+
+def test_where_the_gfx950_module_is_built_the_guard_is_its_one_kernel(fake, flag, monkeypatch):
+    calls = []
+    monkeypatch.setattr(aiter_mla, "_hip_guard", lambda device: lambda *args: calls.append(args))
+    q, kv_cache, qo, kvp = _bad_case(None, None)
+    guard = aiter_mla.make_workspace(_plan(variant="fast"), q.shape[0], 16, "cpu")
+    qo_seen, kv_seen = aiter_mla.guard_indptr(qo, kvp, q.shape[0], 200, guard)
+    (args,) = calls
+    assert args[0] is qo and args[1] is kvp and args[4] is guard.error_flag and args[5:] == (q.shape[0], 200)
+    assert args[2].data_ptr() == qo_seen.data_ptr() == guard.clamped.data_ptr()
+    assert kv_seen.data_ptr() == guard.clamped.data_ptr() + 4 * qo.numel()

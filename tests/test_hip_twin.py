@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.gfx950 import hip_twin, lanes
-from mixed_mla import exact, formats, selfcheck
+from mixed_mla import exact, formats, selfcheck, validate
 from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
 
@@ -150,8 +150,67 @@ def test_kernel_source_never_loads_outside_the_cache_for_garbage_indptr(lane_emu
     q, cache, _, _ = _poisoned_inputs(kv_format)
     qo = torch.tensor([0, 3, 2, 9, 5], dtype=torch.int32)          # decreasing, past total_q
     kvp = torch.tensor([0, 10**6, 40, -7, 400], dtype=torch.int32)  # past the rows, negative, decreasing
-    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=4)
+    flag = lanes.new_error_flag()
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=4, error_flag=flag)
     assert not error
+    assert flag.tolist() == [validate.FLAG_BAD_QO_INDPTR | validate.FLAG_BAD_KV_INDPTR, 0]
+    assert torch.isfinite(out.float()).all()
+
+
+# The device error flag (validate.py tier 3), recorded by the kernel source under the emulator: the rule of the sm90
+# kernels. Layout: 3 segments, q_lens (1, 2, 1) -> total_q 4, kv_lens (50, 70, 30) -> 150 rows; a case changes one
+# array. (qo, kv, expected bits, first bad segment); None keeps the good array.
+QO, KV = validate.FLAG_BAD_QO_INDPTR, validate.FLAG_BAD_KV_INDPTR
+BAD_INDPTR = {
+    "kv decreasing": (None, [0, 50, 20, 150], KV, 1),
+    "kv past the cache": (None, [0, 50, 120, 10**6], KV, 2),
+    "kv first entry not 0": (None, [5, 50, 120, 150], KV, 0),
+    "kv negative": (None, [0, -3, 120, 150], KV, 0),
+    "qo decreasing": ([0, 3, 1, 4], None, QO, 1),
+    "qo ends before total_q": ([0, 1, 3, 3], None, QO, 2),
+    "qo past total_q": ([0, 1, 3, 9], None, QO, 2),
+    "both": ([0, 1, 3, 3], [0, 50, 200, 150], QO | KV, 1),
+}
+
+
+def _flag_case(kv_format, qo=None, kv=None):
+    q, cache, good_qo, good_kv = _inputs(Layout(q_lens=(1, 2, 1), kv_lens=(50, 70, 30), seed=3), kv_format)
+    as_indptr = lambda values, good: good if values is None else torch.tensor(values, dtype=torch.int32)  # noqa
+    return q, cache, as_indptr(qo, good_qo), as_indptr(kv, good_kv)
+
+
+@pytest.mark.parametrize("case", list(BAD_INDPTR))
+def test_kernel_source_flags_bad_indptr_and_stays_in_bounds(lane_emulator, case):
+    qo_values, kv_values, bits, segment = BAD_INDPTR[case]
+    kv_format = "mxfp4" if len(case) % 2 else "fp8"
+    q, cache, qo, kvp = _flag_case(kv_format, qo_values, kv_values)
+    flag = lanes.new_error_flag()
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=3, error_flag=flag)
+    assert not error                                        # no load outside the cache, no atomic outside the flag
+    assert flag.tolist() == [bits, segment]
+    assert torch.isfinite(out.float()).all()                # every row written, none NaN
+
+
+def test_kernel_source_checks_every_segment_when_segments_outnumber_query_rows(lane_emulator):
+    # 6 segments, 4 query rows (empty query segments): segment 5 is checked by the workgroup of row 5 - 4 = 1
+    q, cache, _, _ = _flag_case("fp8")
+    qo = torch.tensor([0, 1, 2, 3, 4, 4, 4], dtype=torch.int32)
+    kvp = torch.tensor([0, 10, 20, 30, 40, 50, 45], dtype=torch.int32)
+    flag = lanes.new_error_flag()
+    error, out = _run_lanes(lane_emulator, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4, error_flag=flag)
+    assert not error and flag.tolist() == [KV, 5] and torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_kernel_source_leaves_the_flag_clear_for_good_indptr_and_keeps_a_recorded_one(lane_emulator, kv_format):
+    q, cache, qo, kvp = _flag_case(kv_format)
+    flag = lanes.new_error_flag()
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=2, error_flag=flag)
+    assert not error and flag.tolist() == lanes.new_error_flag().tolist()
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
+    flag[:] = torch.tensor([KV, 7], dtype=torch.int32)      # an earlier call's violation survives a good call
+    error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=1, occupancy=3, error_flag=flag)
+    assert not error and flag.tolist() == [KV, 7]
 
 
 def test_the_emulator_catches_an_out_of_bounds_load(lane_emulator):

@@ -155,6 +155,27 @@ def test_isa_emulator_refuses_a_load_size_outside_the_fact_base(emulator):
     assert "outside the fact base" in error
 
 
+def test_isa_emulated_global_atomics_or_and_take_the_signed_min(emulator):
+    # every lane of a wave updates one dword: the result is the OR / signed min of all 64 values, whatever order
+    values = torch.arange(64, dtype=torch.int32) - 40                     # -40 .. 23: signed and unsigned disagree
+    error, after = lanes.atomic(emulator, torch.tensor([0, 1000]), "min", "agent", values, byte_offset=4)
+    assert not error and after.tolist() == [0, -40]
+    bits = torch.tensor([1 << (lane % 31) for lane in range(64)], dtype=torch.int32)
+    error, after = lanes.atomic(emulator, torch.tensor([4, 0]), "or", "system", bits)
+    assert not error and after.tolist() == [(1 << 31) - 1, 0]
+
+
+@pytest.mark.parametrize("scope, byte_offset, words, message", [
+    ("workgroup", 0, 2, "scope"), ("cluster", 0, 2, "scope"), ("wavefront", 0, 2, "scope"),
+    ("agent", 2, 2, "misaligned"), ("agent", 8, 2, "outside")])
+def test_isa_emulator_refuses_atomics_the_facts_do_not_promise(emulator, scope, byte_offset, words, message):
+    # hostile where the fact base promises nothing: a scope the host is not promised to see, a misaligned dword,
+    # an address outside the buffer the host gave
+    error, _ = lanes.atomic(emulator, torch.zeros(words + 1)[:words], "or", scope, torch.ones(64),
+                            byte_offset=byte_offset)
+    assert message in error
+
+
 def test_isa_number_formats_match_torch_and_the_ocp_tables():
     e4m3 = facts.value("e4m3fn")
     assert e4m3["max"] == torch.finfo(torch.float8_e4m3fn).max

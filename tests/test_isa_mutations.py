@@ -85,3 +85,16 @@ def test_isa_mutation_a_read_before_the_load_wait_sees_poison(tmp_path, ziglang,
     # every tile read one load too early (the wait leaves the newest chunk in flight): poison reaches the scores
     src = _patched_kernels(tmp_path, [("stage1.h", "MLA_WAIT_VMCNT(0);", "MLA_WAIT_VMCNT(1);")])
     assert _rejected(lanes.build(src, tmp_path / "build"), kv_format, occupancy=4)
+
+
+def test_isa_mutation_a_workgroup_scope_flag_update_is_refused(tmp_path, ziglang):
+    # the indptr error flag updated at workgroup scope: the host is not promised to see it (global_atomic.rmw)
+    src = _patched_kernels(tmp_path, [("prelude.h", "__hip_atomic_fetch_or(address, bits, __ATOMIC_RELAXED, "
+                                       "__HIP_MEMORY_SCOPE_AGENT)", "__hip_atomic_fetch_or(address, bits, "
+                                       "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP)")])
+    lib = lanes.build(src, tmp_path / "build")
+    q, cache, qo, kvp = selfcheck.check_inputs("fp8", "cpu")
+    kvp = kvp.clone()
+    kvp[1] = -1                                                   # a bad entry: the kernel must record it
+    error, _ = lanes.run_decode(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=3)
+    assert "scope" in error

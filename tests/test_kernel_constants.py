@@ -2,8 +2,6 @@
 headers use: parsed from the headers here, so a change on one side alone fails."""
 import re
 
-import pytest
-
 from mixed_mla import constants, kernels, validate
 from mixed_mla.backends import cuda_sm90, hip_gfx950
 
@@ -72,9 +70,11 @@ def test_gfx950_config_matches_the_python_definitions():
     assert hip_gfx950.ROW_BYTES == {"fp8": config["FP8_ROW_BYTES"], "mxfp4": config["FP4_ROW_BYTES"]}
 
 
-@pytest.mark.xfail(strict=True, reason="the gfx950 binding numbers formats itself (launch.hip: 0 = fp8, 1 = mxfp4) "
-                                       "and takes a string; it needs config.h's KvFormat enum of constants.py's codes")
 def test_gfx950_format_codes_are_the_python_ones():
     config = header_constants("gfx950/decode/config.h")
     assert config["KvFormat"] == {"kFormatBf16": 0, "kFormatFp8": 1, "kFormatMxfp4": 2}
-    assert config["KvFormat"]["kFormatFp8"] == constants.KV_FORMAT_CODES["fp8"]
+    assert config["KvFormat"] == header_constants("sm90/decode/config.h")["KvFormat"]
+    assert {name: config["KvFormat"][f"kFormat{name.capitalize()}"] for name in constants.KV_FORMAT_CODES} == \
+        constants.KV_FORMAT_CODES
+    assert config["IndptrViolation"] == {"kBadQoIndptr": validate.FLAG_BAD_QO_INDPTR,
+                                         "kBadKvIndptr": validate.FLAG_BAD_KV_INDPTR}

@@ -13,6 +13,7 @@
 #include "stage1_mxfp4_occ3.hip"
 #include "stage1_mxfp4_occ4.hip"
 #include "merge.hip"
+#include "indptr_guard.hip"
 
 namespace mla_emu {
 Group* group = nullptr;
@@ -113,11 +114,16 @@ struct GroupScope {  // a fresh Group for one call, with its error text copied o
 
 }  // namespace
 
+// format: a config.h KvFormat code, as the launcher takes it.
 extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, int occupancy, const void* kv,
                           long kv_bytes, const void* scales, long scale_bytes, char* error, int error_len) {
   using namespace mla_gfx950;
   static const Kernel kernels[2][3] = {{stage1_fp8_occ2, stage1_fp8_occ3, stage1_fp8_occ4},
                                        {stage1_mxfp4_occ2, stage1_mxfp4_occ3, stage1_mxfp4_occ4}};
+  if ((format != kFormatFp8 && format != kFormatMxfp4) || occupancy < 2 || occupancy > 4) {
+    snprintf(error, error_len, "no kernel for format code %d, occupancy %d", format, occupancy);
+    return 1;
+  }
   GroupScope scope(error, error_len);
   scope.g->range_lo[0] = static_cast<const uint8_t*>(kv);
   scope.g->range_hi[0] = scope.g->range_lo[0] + kv_bytes;
@@ -125,7 +131,9 @@ extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, in
   scope.g->range_hi[1] = scope.g->range_lo[1] + scale_bytes;
   Fibers fibers(THREADS);
   const DecodeParams& p = *params;
-  bool ok = run_grid(fibers, kernels[format][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
+  scope.g->atomic_lo = p.error_flag;  // the one buffer the kernels update atomically: [bits, first segment]
+  scope.g->atomic_hi = p.error_flag + 2;
+  bool ok = run_grid(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
                      THREADS);
   if (ok && p.num_splits > 1) ok = run_grid(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
   return ok ? 0 : 1;
@@ -167,4 +175,31 @@ extern "C" int emu_load_lds(const uint8_t* src, long src_len, int size, uint8_t*
     if (l == 0) std::memcpy(lds, buffer, lds_len < 2048 ? lds_len : 2048);
   });
   return ok ? 0 : 1;
+}
+
+// Lane l of one wave applies one global atomic (op 0: or, 1: min) of values[l] at `scope` to the dword at byte
+// `byte_offset` of `buffer` (`words` dwords: the range atomics may address).
+extern "C" int emu_atomic(int32_t* buffer, int words, long byte_offset, int op, int scope, const int32_t* values,
+                          char* error, int error_len) {
+  GroupScope scope_guard(error, error_len);
+  scope_guard.g->atomic_lo = buffer;
+  scope_guard.g->atomic_hi = buffer + words;
+  Fibers fibers(mla_gfx950::WAVE_SIZE);
+  int32_t* target = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(buffer) + byte_offset);
+  const bool ok = run_group(fibers, mla_gfx950::WAVE_SIZE, [=] {
+    const int l = mla_gfx950::lane_id();
+    mla_emu::global_atomic(target, values[l], scope, op == 0 ? mla_emu::AtomicOp::Or : mla_emu::AtomicOp::Min);
+  });
+  return ok ? 0 : 1;
+}
+
+// The aiter route's indptr guard kernel on one workgroup; atomics may address only the flag.
+extern "C" int emu_indptr_guard(const mla_gfx950::IndptrGuardParams* params, char* error, int error_len) {
+  GroupScope scope(error, error_len);
+  scope.g->atomic_lo = params->error_flag;
+  scope.g->atomic_hi = params->error_flag + 2;
+  Fibers fibers(mla_gfx950::THREADS);
+  const mla_gfx950::IndptrGuardParams p = *params;
+  scope.g->block[0] = scope.g->block[1] = scope.g->block[2] = 0;
+  return run_group(fibers, mla_gfx950::THREADS, [p] { indptr_guard(p); }) ? 0 : 1;
 }

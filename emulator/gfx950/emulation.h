@@ -4,7 +4,8 @@
 // execute for real against exact attention (tests/test_hip_twin.py, tests/test_isa_*.py).
 //
 // Every hardware behaviour comes from isa_facts.h, which emulator/gfx950/facts.py writes from the cited fact base:
-// MFMA operand, scale and result lane maps, direct-to-LDS placement, the s_waitcnt encoding, number formats.
+// MFMA operand, scale and result lane maps, direct-to-LDS placement, the s_waitcnt encoding, number formats,
+// global atomics.
 // Nothing here is taken from the kernel headers, so a kernel built on a wrong assumption computes wrong numbers.
 // The emulation is hostile wherever the hardware result is undefined or a fact is uncertain: LDS starts as
 // poison (0xFF bytes: NaN as fp8, e8m0, bf16 and f32); a direct-to-LDS destination is poison from the load's issue
@@ -92,6 +93,8 @@ struct Group {
   int block[3];
   const uint8_t* range_lo[2];  // valid global ranges for direct-to-LDS loads
   const uint8_t* range_hi[2];
+  int32_t* atomic_lo = nullptr;  // the one global range atomics may address (the error flag)
+  int32_t* atomic_hi = nullptr;
   char error[256];
 };
 
@@ -300,6 +303,30 @@ inline void wait_vmcnt(unsigned imm) {
   }
 }
 
+// ----- global atomics (isa_facts.h: alignment, visible scopes, signed min) -----
+enum class AtomicOp { Or, Min };
+
+// An indivisible read-modify-write (lanes are fibers: nothing runs between the read and the write). Hostile where
+// the fact base promises nothing: a misaligned address, one outside the range the host gave, or a scope whose
+// result the host is not promised to see fails the run.
+inline int32_t global_atomic(int32_t* address, int32_t value, int scope, AtomicOp op) {
+  bool visible = false;
+  for (int s : mla_facts::ATOMIC_VISIBLE_SCOPES) visible |= s == scope;
+  if (!visible) return fail("global atomic at a scope the host is not promised to see", address), 0;
+  if (reinterpret_cast<uintptr_t>(address) % mla_facts::ATOMIC_ALIGN)
+    return fail("misaligned global atomic", address), 0;
+  if (address < group->atomic_lo || address + 1 > group->atomic_hi)
+    return fail("global atomic outside the buffers given to the kernel", address), 0;
+  const int32_t old = *address;
+  if (op == AtomicOp::Or) {
+    *address = old | value;
+  } else {
+    const bool less = mla_facts::ATOMIC_MIN_SIGNED ? value < old : (uint32_t)value < (uint32_t)old;
+    *address = less ? value : old;
+  }
+  return old;
+}
+
 // ----- conversions and transcendentals -----
 template <class V2BF>
 V2BF pair_bf16(float x, float y) {
@@ -331,6 +358,17 @@ inline int frexp_exponent(float x) {
 
 }  // namespace mla_emu
 
+// clang predefines these in HIP mode (the same numbers: facts.HIP_MEMORY_SCOPES); the host compiler does not.
+#define __HIP_MEMORY_SCOPE_SINGLETHREAD 1
+#define __HIP_MEMORY_SCOPE_WAVEFRONT 2
+#define __HIP_MEMORY_SCOPE_WORKGROUP 3
+#define __HIP_MEMORY_SCOPE_AGENT 4
+#define __HIP_MEMORY_SCOPE_SYSTEM 5
+#define __HIP_MEMORY_SCOPE_CLUSTER 6
+#define __hip_atomic_fetch_or(address, value, order, scope) \
+  mla_emu::global_atomic((address), (value), (scope), mla_emu::AtomicOp::Or)
+#define __hip_atomic_fetch_min(address, value, order, scope) \
+  mla_emu::global_atomic((address), (value), (scope), mla_emu::AtomicOp::Min)
 #define __builtin_amdgcn_workitem_id_x() (unsigned)mla_emu::current->index
 #define __builtin_amdgcn_workgroup_id_x() (unsigned)mla_emu::group->block[0]
 #define __builtin_amdgcn_workgroup_id_y() (unsigned)mla_emu::group->block[1]

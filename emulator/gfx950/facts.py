@@ -159,6 +159,19 @@ FACTS = (
          bet_by="the Q scaling caps its exponent so 2^s and 2^-s stay finite and normal"),
     Fact("ds_bpermute_b32", "ds_bpermute_b32: lane l reads the value of lane (address / 4) % 64.", 4,
          (f"{ISA}, DS_BPERMUTE_B32", "ROCm/composable_kernel warp shuffle helpers"), "high"),
+    Fact("global_atomic.rmw",
+         "global_atomic_or_b32 / global_atomic_smin_i32 (what HIP's atomicOr / atomicMin on an int lower to: "
+         "__hip_atomic_fetch_or / _min, relaxed, agent scope) are indivisible read-modify-writes of a naturally "
+         "aligned dword in global memory; smin compares as signed 32-bit. At agent scope the result is seen by every "
+         "workgroup of the device and by the host once the kernel has completed (system scope too); a narrower "
+         "scope (wavefront, workgroup, cluster) does not promise that, and a misaligned address is not a supported atomic.",
+         {"ops": ("or", "smin"), "visible_scopes": ("agent", "system"), "align": 4},
+         (f"{ISA}, FLAT/GLOBAL atomic instructions (GLOBAL_ATOMIC_OR, GLOBAL_ATOMIC_SMIN)",
+          "llvm/llvm-project llvm/docs/AMDGPUUsage.rst, memory model (atomicrmw at agent scope on global memory)",
+          "ROCm/clr hipamd/include/hip/amd_detail/amd_hip_atomic.h atomicOr / atomicMin (int): "
+          "__hip_atomic_fetch_or / __hip_atomic_fetch_min, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT"), "high",
+         bet_by="the indptr error flag: thread 0 of one workgroup per segment ORs the violation bits into flag[0] "
+                "and takes the min of the segment into flag[1]"),
     Fact("mfma.accumulation",
          "MFMA products of fp8/fp4/bf16 inputs are exact in f32; the order of the internal sums is not specified.",
          "unordered",
@@ -167,6 +180,9 @@ FACTS = (
 )
 
 BY_KEY = {f.key: f for f in FACTS}
+# clang's HIP memory scopes (the __HIP_MEMORY_SCOPE_* macros clang predefines in HIP mode; the emulator defines the
+# same numbers): clang/lib/Frontend/InitPreprocessor.cpp.
+HIP_MEMORY_SCOPES = {"singlethread": 1, "wavefront": 2, "workgroup": 3, "agent": 4, "system": 5, "cluster": 6}
 CONFIDENCE = ("high", "medium")
 
 
@@ -199,6 +215,7 @@ def header(overrides=None) -> str:
     placement = value("global_load_lds.placement", overrides)
     vm = value("s_waitcnt.vmcnt_encoding", overrides)
     e4m3, e8m0 = value("e4m3fn", overrides), value("e8m0", overrides)
+    atomic = value("global_atomic.rmw", overrides)
     scale_rows = [[16 * kb + i for i in range(16)] for kb in range(4)]
     lds_rows = [[size, stride, written] for size, (stride, written) in sorted(placement.items())]
     lines = [
@@ -226,6 +243,12 @@ def header(overrides=None) -> str:
         f"constexpr bool FP8_SCALES_UNIFORM_ONLY = {str(uncertain('mfma_scale_16x16x128.fp8_scale_lane')).lower()};",
         f"constexpr int BPERMUTE_BYTES_PER_LANE = {value('ds_bpermute_b32', overrides)};",
         f"constexpr int TRANSCENDENTAL_ULP = {value('v_exp_f32', overrides)['ulp']};",
+        "// global atomics: alignment, and the scopes (clang's __HIP_MEMORY_SCOPE_* numbers) whose result the host",
+        "// and every workgroup see; 'smin' signed",
+        f"constexpr int ATOMIC_ALIGN = {atomic['align']};",
+        "constexpr int ATOMIC_VISIBLE_SCOPES[] = {" + ", ".join(str(HIP_MEMORY_SCOPES[x]) for x in
+                                                            atomic["visible_scopes"]) + "};",
+        f"constexpr bool ATOMIC_MIN_SIGNED = {str('smin' in atomic['ops']).lower()};",
         "}  // namespace mla_facts",
     ]
     return "\n".join(lines) + "\n"

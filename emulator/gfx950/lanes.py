@@ -11,21 +11,22 @@ from pathlib import Path
 
 import torch
 
-from mixed_mla.constants import DEFAULT_SM_SCALE
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMAT_CODES
+from mixed_mla import validate
 from mixed_mla.formats import as_uint8
 
 from . import facts
 from .hip_twin import LOG2E
 
 HERE = Path(__file__).resolve().parent
-FORMAT_CODE = {"fp8": 0, "mxfp4": 1}
 ROW_BYTES = {"fp8": 576, "mxfp4": 288}
 
 
 class DecodeParams(ctypes.Structure):
     """Mirror of mixed_mla/kernels/gfx950/decode/params.h."""
     _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "kv", "kv_block_scales", "kv_scale", "qo_indptr",
-                                                      "kv_indptr", "out", "partial_out", "partial_lse")]
+                                                      "kv_indptr", "out", "partial_out", "partial_lse",
+                                                      "error_flag")]
                 + [(name, ctypes.c_int64) for name in ("q_row_stride", "q_head_stride", "out_row_stride",
                                                        "out_head_stride")]
                 + [(name, ctypes.c_int) for name in ("total_q", "num_heads", "batch", "num_kv_rows", "num_splits")]
@@ -50,8 +51,14 @@ def _error_buffer():
     return ctypes.create_string_buffer(256)
 
 
-def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None):
-    """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN."""
+def new_error_flag():
+    """A clear indptr error flag, as validate.device_error_flag makes one: [no violation, no segment]."""
+    return torch.tensor([0, validate._NO_SEGMENT], dtype=torch.int32)
+
+
+def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None, error_flag=None):
+    """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN.
+    error_flag: the int32 (2,) flag the kernels record indptr violations in (a fresh clear one when None)."""
     total_q, heads = q.shape[:2]
     data, aux = cache
     kv = as_uint8(data).reshape(-1, ROW_BYTES[kv_format]).contiguous()
@@ -60,12 +67,14 @@ def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_
     out = torch.full((total_q, heads, 512), float("nan"), dtype=torch.bfloat16)
     partial = torch.full((max(total_q * heads * num_splits, 1) * 512,), float("nan"), dtype=torch.bfloat16)
     lse = torch.full((max(total_q * heads * num_splits, 1),), float("nan"))
+    error_flag = new_error_flag() if error_flag is None else error_flag
     p = DecodeParams(q.data_ptr(), kv.data_ptr(), scales.data_ptr(), kv_scale.data_ptr(), qo.data_ptr(),
-                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), lse.data_ptr(), q.stride(0), q.stride(1),
+                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), lse.data_ptr(), error_flag.data_ptr(),
+                     q.stride(0), q.stride(1),
                      out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
                      kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, DEFAULT_SM_SCALE * LOG2E)
     error = _error_buffer()
-    rc = lib.emu_decode(ctypes.byref(p), FORMAT_CODE[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
+    rc = lib.emu_decode(ctypes.byref(p), KV_FORMAT_CODES[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
                         ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()), ctypes.c_long(scales.numel()),
                         error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), out
@@ -91,3 +100,34 @@ def load_lds(lib, src, size, lds_len=1024):
     rc = lib.emu_load_lds(ctypes.c_void_p(src.data_ptr()), ctypes.c_long(src.numel()), size,
                           ctypes.c_void_p(lds.data_ptr()), lds_len, error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), lds
+
+
+ATOMIC_OPS = {"or": 0, "min": 1}
+
+
+def atomic(lib, buffer, op, scope, values, byte_offset=0):
+    """(error, buffer after) of one emulated wave in which lane l applies global atomic `op` ("or" | "min") of
+    values[l] at `scope` (a facts.HIP_MEMORY_SCOPES name) to the dword at byte_offset of int32 `buffer`."""
+    buffer, values = buffer.to(torch.int32).clone().contiguous(), values.to(torch.int32).contiguous()
+    error = _error_buffer()
+    rc = lib.emu_atomic(ctypes.c_void_p(buffer.data_ptr()), buffer.numel(), ctypes.c_long(byte_offset),
+                        ATOMIC_OPS[op], facts.HIP_MEMORY_SCOPES[scope], ctypes.c_void_p(values.data_ptr()),
+                        error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), buffer
+
+
+class IndptrGuardParams(ctypes.Structure):
+    """Mirror of params.h IndptrGuardParams."""
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("qo_indptr", "kv_indptr", "qo_out", "kv_out", "error_flag")]
+                + [(name, ctypes.c_int) for name in ("n", "total_q", "num_kv_rows")])
+
+
+def indptr_guard(lib, qo, kv, total_q, num_kv_rows, error_flag):
+    """(error, qo_out, kv_out) of the indptr guard kernel on CPU lanes; error_flag (int32 (2,)) is updated."""
+    qo, kv = qo.to(torch.int32).contiguous(), kv.to(torch.int32).contiguous()
+    qo_out, kv_out = torch.full_like(qo, -99), torch.full_like(kv, -99)
+    p = IndptrGuardParams(qo.data_ptr(), kv.data_ptr(), qo_out.data_ptr(), kv_out.data_ptr(), error_flag.data_ptr(),
+                          qo.numel(), total_q, num_kv_rows)
+    error = _error_buffer()
+    rc = lib.emu_indptr_guard(ctypes.byref(p), error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), qo_out, kv_out

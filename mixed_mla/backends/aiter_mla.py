@@ -14,13 +14,25 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
+alignment assertion), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
 (3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
 timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
 all of this included.
 
+Bad indptr contents (validate.py, tier 3): aiter's metadata builder and decode read qo_indptr / kv_indptr on the
+device and clamp nothing, so a decreasing entry or one past q or the cache would send them out of bounds. The
+guarantee here is the compiled kernels': whatever the indptr arrays hold, aiter never reads or writes out of bounds,
+and the violation is recorded in the device's error flag (validate.device_error_flag) for the next plan, or
+validate.raise_device_errors, to raise. Before aiter sees them, guard_indptr copies both arrays into plan-owned
+device buffers clamped to [0, total_q] (qo) and [0, cache rows] (kv), with a running max so they never decrease,
+the first entries 0 and qo's last total_q, and ORs any change (bit FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR, the
+first segment whose entry changed) into the flag. No host sync and no allocation with the plan's workspace: one
+launch of a kernel in the gfx950 HIP module where that module is built (on gfx950), else 14 torch ops into
+preallocated buffers (gfx942; CUDA-graph safe either way). Everything after the guard, the page tables and the
+zero-fix included, reads the clamped copies.
+
 Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
-(amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, PROBLEM.md); with a bf16 cache Q
+(amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, docs/problem.md); with a bf16 cache Q
 stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the kernel, since
 aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel by it, and a
 layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap zero-fix).
@@ -51,11 +63,13 @@ import importlib
 import inspect
 import warnings
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
 from ..constants import HEAD_GROUP, NUM_KV_HEADS
 from ..planner import device_arch
+from ..validate import FLAG_BAD_KV_INDPTR, FLAG_BAD_QO_INDPTR, _NO_SEGMENT, device_error_flag
 
 API_2025_11 = "2025-11"
 API_2026_03 = "2026-03"
@@ -76,6 +90,87 @@ SELFCHECK_POISON_ROWS = 40   # at least this many poisoned cache rows past the s
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
 
+
+
+class IndptrGuard(NamedTuple):
+    """Preallocated device buffers of guard_indptr for indptr arrays of up to `capacity` entries (a plan's: its
+    batch is at most its max_total_q, every segment of an aiter plan holding at least one query, plus one)."""
+    capacity: int
+    raw: torch.Tensor        # int32 (2 * capacity,): qo then kv, as given
+    bounded: torch.Tensor    # int32 (2 * capacity,): clamped to the tensors, first entries 0, qo's last total_q
+    clamped: torch.Tensor    # int32 (2 * capacity,): what aiter reads (the running max of `bounded`)
+    argmax: torch.Tensor     # int64 (2 * capacity,): cummax's indices (unused)
+    changed: torch.Tensor    # bool (2 * capacity,)
+    keys: torch.Tensor       # int32 (2 * capacity,): the segment of a changed entry, else _NO_SEGMENT
+    segment: torch.Tensor    # int32 (capacity,): entry j -> the segment it bounds first, max(j - 1, 0)
+    first: torch.Tensor      # int32 (2,): per array, the first segment with a changed entry
+    hit: torch.Tensor        # bool (2,)
+    bits: torch.Tensor       # int32 (2,)
+    weights: torch.Tensor    # int32 (2,): the flag bits of qo and kv
+    no_segment: torch.Tensor  # int32 (): _NO_SEGMENT, the key of an unchanged entry
+    least: torch.Tensor      # int32 (1,)
+    error_flag: torch.Tensor  # int32 (2,): the device's flag (validate.device_error_flag)
+
+
+def make_workspace(plan, max_total_q: int, num_heads: int, device) -> IndptrGuard:
+    """The plan-owned buffers of guard_indptr (made at plan time, freed with the DecodePlan)."""
+    capacity = max(max_total_q, 1) + 1
+    device = torch.device(device)
+    int32 = functools.partial(torch.empty, dtype=torch.int32, device=device)
+    segment = torch.arange(-1, capacity - 1, dtype=torch.int32, device=device).clamp_(min=0)
+    weights = torch.tensor([FLAG_BAD_QO_INDPTR, FLAG_BAD_KV_INDPTR], dtype=torch.int32, device=device)
+    no_segment = torch.tensor(_NO_SEGMENT, dtype=torch.int32, device=device)
+    return IndptrGuard(capacity, int32(2 * capacity), int32(2 * capacity), int32(2 * capacity),
+                       torch.empty(2 * capacity, dtype=torch.int64, device=device),
+                       torch.empty(2 * capacity, dtype=torch.bool, device=device), int32(2 * capacity), segment,
+                       int32(2), torch.empty(2, dtype=torch.bool, device=device), int32(2), weights, no_segment,
+                       int32(1), device_error_flag(device))
+
+
+@functools.lru_cache(maxsize=8)
+def _hip_guard(device):
+    """The gfx950 HIP module's one-launch guard (kernels/gfx950/decode/indptr_guard.hip) where that module is built
+    for `device` (hip_gfx950 is available there), else None: then guard_indptr runs as torch ops."""
+    from . import unavailable_reason
+    if device.type != "cuda" or unavailable_reason("hip_gfx950", str(device)) is not None:
+        return None
+    from . import hip_gfx950
+    return hip_gfx950._module().guard_indptr
+
+
+def guard_indptr(qo_indptr, kv_indptr, total_q: int, num_kv_rows: int, guard: IndptrGuard):
+    """(qo, kv) clamped copies of the indptr arrays that aiter can read in bounds, whatever they held: qo within
+    [0, total_q], kv within [0, num_kv_rows], both non-decreasing from 0, qo ending at total_q. Any entry that had to
+    change is recorded in guard.error_flag: its array's bit ORed into [0], the first such segment min'ed into [1].
+    On the device, no sync, no allocation: one launch of the gfx950 module's kernel where it is built (_hip_guard),
+    else 14 torch launches into guard's buffers; valid for any batch + 1 <= capacity.
+    """
+    n = qo_indptr.shape[0]
+    kernel = _hip_guard(qo_indptr.device)
+    if kernel is not None:   # one launch, the same rule (its test: tests/test_gfx950_indptr_guard.py)
+        out = guard.clamped[:2 * n].view(2, n)
+        kernel(qo_indptr, kv_indptr, out[0], out[1], guard.error_flag, total_q, num_kv_rows)
+        return out[0], out[1]
+    raw, bounded, clamped, argmax, changed, keys = (buffer[:2 * n].view(2, n) for buffer in (
+        guard.raw, guard.bounded, guard.clamped, guard.argmax, guard.changed, guard.keys))
+    torch.stack((qo_indptr, kv_indptr), out=raw)
+    torch.clamp(qo_indptr, 0, total_q, out=bounded[0])
+    torch.clamp(kv_indptr, 0, num_kv_rows, out=bounded[1])
+    bounded[:, 0].zero_()
+    bounded[0, n - 1:].fill_(total_q)
+    torch.cummax(bounded, 1, out=(clamped, argmax))
+    torch.ne(clamped, raw, out=changed)
+    torch.where(changed, guard.segment[:n], guard.no_segment, out=keys)
+    torch.amin(keys, 1, out=guard.first)
+    torch.lt(guard.first, _NO_SEGMENT, out=guard.hit)
+    torch.mul(guard.hit, guard.weights, out=guard.bits)
+    flag = guard.error_flag
+    flag[:1].bitwise_or_(guard.bits[:1]).bitwise_or_(guard.bits[1:])
+    torch.amin(guard.first, 0, keepdim=True, out=guard.least)
+    torch.minimum(flag[1:], guard.least, out=flag[1:])
+    return clamped[0], clamped[1]
+
+
 # ---- backend declaration (backends.BackendSpec; the planner and the bundle read it) ----
 from . import BackendSpec  # noqa: E402
 from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
@@ -84,7 +179,7 @@ from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 SPEC = BackendSpec(
     name="aiter", archs=("gfx950", "gfx942"), formats=AITER_FORMATS, fastest_format="fp8",
     num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0), variants=VARIANTS,
-    page_sizes=(1, 2, 8))
+    page_sizes=(1, 2, 8), workspace=make_workspace)
 # ---- end of the backend declaration ----
 
 
@@ -450,8 +545,9 @@ def _warn_no_paging(requested):
                   RuntimeWarning, stacklevel=3)
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len) -> None:
-    """Writes out (total_q, H, 512) bf16 with aiter's persistent MLA decode. No host sync."""
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None) -> None:
+    """Writes out (total_q, H, 512) bf16 with aiter's persistent MLA decode. No host sync. workspace: the plan's
+    IndptrGuard (make_workspace); None, or one too small for this batch, makes one for this call alone."""
     lib = _aiter()
     _check_format(kv_format)
     kv = kv_cache[0] if kv_format == "fp8" else kv_cache
@@ -465,6 +561,9 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         out.zero_()
         return
     batch = qo_indptr.shape[0] - 1
+    if workspace is None or workspace.capacity < batch + 1:
+        workspace = make_workspace(plan, batch, num_heads, q.device)
+    qo_indptr, kv_indptr = guard_indptr(qo_indptr, kv_indptr, q.shape[0], kv.shape[0], workspace)
     if num_heads > HEAD_GROUP and not (max_q_len == 1 and q.shape[0] == batch):
         raise ValueError(f"aiter runs {num_heads} heads by folding them into groups of {HEAD_GROUP}, which needs "
                          f"exactly one query per segment (got {q.shape[0]} queries for {batch} segments, "

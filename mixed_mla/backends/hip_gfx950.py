@@ -2,7 +2,15 @@
 
 Stage 1 runs one workgroup per (KV split, query row, group of 16 heads) and reads the indptr contents on the
 device (clamped), so any layout is handled and a plan fixes only the launch geometry; with more than one split a
-merge kernel combines the bf16 partials. One C++ call per forward (binding.cpp), on the current stream.
+merge kernel combines the bf16 partials. One C++ call per forward (binding.cpp), on the current stream, with no
+sync and no allocation: the split workspace (cuda_sm90.make_workspace: the same partials, LSEs and error flag, the
+same 64 MiB cap on them, which may launch fewer splits than planned) is made at plan time for the plan's most query
+rows and owned by its DecodePlan (freed with it).
+
+Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
+the host without a sync: stage 1 clamps every segment to the tensors, so it never reads or writes out of bounds,
+and records the violation in the device's error flag (validate.device_error_flag) by the sm90 kernels' rule
+(stage1.h record_indptr_violation), which the next plan on the device, or validate.raise_device_errors, raises.
 
 Plan fields: `variant` occ2 | occ3 | occ4 = the occupancy target in workgroups per CU (triple, double, single LDS
 buffer; tools/gfx950_report.py checks each reaches it), `num_splits` = KV splits per query row.
@@ -20,9 +28,10 @@ import os
 
 import torch
 
-from ..constants import HEAD_GROUP, QK_HEAD_DIM, V_HEAD_DIM
+from ..constants import HEAD_GROUP, KV_FORMAT_CODES, QK_HEAD_DIM
 from ..formats import as_uint8
 from ..kernels import jit_build
+from .cuda_sm90 import make_workspace  # the same split workspace: partials, LSEs, the error flag
 
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
@@ -32,11 +41,13 @@ DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
 KERNEL_FILES = ("stage1_fp8_occ2.hip", "stage1_fp8_occ3.hip", "stage1_fp8_occ4.hip", "stage1_mxfp4_occ2.hip",
-                "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "merge.hip", "launch.hip")
+                "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "merge.hip", "indptr_guard.hip", "launch.hip")
+FUNCTIONS = ("forward", "guard_indptr")   # binding.cpp's exports: the decode, the aiter route's indptr guard
 ROW_BYTES = {"fp8": QK_HEAD_DIM, "mxfp4": QK_HEAD_DIM // 2}
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
                  "e4m3fnuz; use the aiter backend there")
+
 
 # ---- backend declaration (backends.BackendSpec; the planner and the bundle read it) ----
 from . import BackendSpec  # noqa: E402
@@ -51,10 +62,8 @@ SPEC = BackendSpec(
     name="hip_gfx950", archs=(ARCH,), formats=FORMATS, fastest_format="fp8",
     num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0),
     variants=(DEFAULT_VARIANT,) + tuple(v for v in OCCUPANCY if v != DEFAULT_VARIANT), kernel_dir=KERNEL_DIR,
-    serves=lambda kv_format: kv_format in served_formats())
+    serves=lambda kv_format: kv_format in served_formats(), workspace=make_workspace)
 # ---- end of the backend declaration ----
-
-_workspaces = {}  # (device, stream) -> (partial_out, partial_lse), grown on demand, reused in stream order
 
 
 def available(device):
@@ -75,31 +84,25 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"])
+    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"], functions=FUNCTIONS)
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
-    """Writes out (total_q, H, 512) bf16. `max_q_len` is not needed: the grid covers every query row."""
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):
+    """Writes out (total_q, H, 512) bf16. `max_q_len` is not needed: the grid covers every query row.
+    workspace: the plan's (make_workspace); None makes one for this call alone."""
     if kv_format not in FORMATS:
         raise ValueError(f"hip_gfx950 reads {' or '.join(FORMATS)} caches, not {kv_format!r}")
     variant = plan.variant or DEFAULT_VARIANT
     if variant not in OCCUPANCY:
         raise ValueError(f"hip_gfx950 variant must be one of {', '.join(OCCUPANCY)}, got {variant!r}")
+    if workspace is None:
+        workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
+    elif q.shape[0] > workspace.max_total_q:
+        raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
+                         f"plan again")
     data, aux = kv_cache
     kv_bytes = as_uint8(data).reshape(-1, ROW_BYTES[kv_format])
     aux = aux if kv_format == "fp8" else as_uint8(aux)
-    partial_out, partial_lse = _workspace(q, plan.num_splits)
-    _module().forward(q, kv_bytes, aux, qo_indptr, kv_indptr, out, partial_out, partial_lse, plan.num_splits,
-                      OCCUPANCY[variant], kv_format, float(sm_scale))
-
-
-def _workspace(q, num_splits):
-    """Split buffers for this call: bf16 partials and float32 LSEs, shared by calls on the same stream."""
-    key = (q.device, torch.cuda.current_stream(q.device).cuda_stream)
-    rows = q.shape[0] * q.shape[1] * (num_splits if num_splits > 1 else 0)
-    buffers = _workspaces.get(key)
-    if buffers is None or buffers[1].numel() < rows:
-        buffers = (torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=q.device),
-                   torch.empty(rows, dtype=torch.float32, device=q.device))
-        _workspaces[key] = buffers
-    return buffers[0][:rows * V_HEAD_DIM], buffers[1][:rows]
+    _module().forward(q, kv_bytes, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
+                      workspace.error_flag, workspace.splits, OCCUPANCY[variant], KV_FORMAT_CODES[kv_format],
+                      float(sm_scale))

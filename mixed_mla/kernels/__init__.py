@@ -58,8 +58,8 @@ def materialize(subdir: str) -> Path:
     return target
 
 
-def jit_build(kernel_dir: str, cuda_files, cuda_flags, **load_inline_args):
-    """Build `kernel_dir`'s binding.cpp (exporting `forward`) with its device files through torch's load_inline.
+def jit_build(kernel_dir: str, cuda_files, cuda_flags, functions=("forward",), **load_inline_args):
+    """Build `kernel_dir`'s binding.cpp (exporting `functions`) with its device files through torch's load_inline.
 
     The module name carries the sources' content hash, so a changed kernel rebuilds instead of loading a stale
     extension from torch's build cache; the directory from `materialize` serves the files' #includes.
@@ -70,7 +70,7 @@ def jit_build(kernel_dir: str, cuda_files, cuda_flags, **load_inline_args):
         name=f"mixed_mla_{kernel_dir.replace('/', '_')}_{include_dir.name.rsplit('-', 1)[-1]}",
         cpp_sources=[read(f"{kernel_dir}/binding.cpp")],
         cuda_sources=[read(f"{kernel_dir}/{name}") for name in cuda_files],
-        functions=["forward"],
+        functions=list(functions),
         extra_include_paths=[str(include_dir)],
         extra_cuda_cflags=list(cuda_flags) + ["-O3", "-std=c++17"],
         **load_inline_args,

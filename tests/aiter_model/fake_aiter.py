@@ -36,6 +36,7 @@ class Recorder:
     def __init__(self, device: metadata.Device):
         self.device = device
         self.metadata = []             # metadata.Metadata of each metadata call
+        self.indptr = []               # (qo, kv) contents each metadata call was given, as lists
         self.metadata_snapshots = []   # work_info_set rows as written by each call
         self.workspaces = []           # the work_info_set tensor each call wrote into
         self.decode_calls = []
@@ -54,6 +55,7 @@ def write_metadata(rec: Recorder, qo_indptr, kv_indptr, kv_last_page_lens, heads
     """Run the model on the indptr CONTENTS given and write its result into the caller's buffers."""
     work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map = buffers
     rec.workspaces.append(work_info_set)
+    rec.indptr.append((qo_indptr.tolist(), kv_indptr.tolist()))
     if rec.skip_metadata:
         return
     result = metadata.build(rec.device, qo_indptr.tolist(), kv_indptr.tolist(),

@@ -3,10 +3,12 @@
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "config.h"
 #include "params.h"
 
 namespace mla_gfx950 {
 int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream);
+int launch_indptr_guard(const IndptrGuardParams& p, void* stream);
 }
 
 namespace {
@@ -15,14 +17,16 @@ const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8
 
 }  // namespace
 
-// kv_format: "fp8" (kv = e4m3 rows (N, 576) as bytes, kv_aux = float32 scale (1,)) or "mxfp4" (kv = packed
-// rows (N, 288) as bytes, kv_aux = e8m0 scales (>= N, 24) as bytes). partial_out (total_q, H, splits, 512) bf16
-// and partial_lse (total_q, H, splits) float32 are only touched when num_splits > 1.
+// kv_format: a config.h KvFormat code (constants.KV_FORMAT_CODES): kFormatFp8 (kv = e4m3 rows (N, 576) as bytes,
+// kv_aux = float32 scale (1,)) or kFormatMxfp4 (kv = packed rows (N, 288) as bytes, kv_aux = e8m0 scales (>= N, 24)
+// as bytes). partial_out (total_q, H, splits, 512) bf16 and partial_lse (total_q, H, splits) float32 are only
+// touched when num_splits > 1. error_flag: int32 (2,), the device's indptr violation flag (validate.py).
 void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Tensor qo_indptr,
              torch::Tensor kv_indptr, torch::Tensor out, torch::Tensor partial_out, torch::Tensor partial_lse,
-             int64_t num_splits, int64_t occupancy, std::string kv_format, double sm_scale) {
-  const bool fp8 = kv_format == "fp8";
-  TORCH_CHECK(fp8 || kv_format == "mxfp4", "hip_gfx950 reads fp8 or mxfp4 caches, got ", kv_format);
+             torch::Tensor error_flag, int64_t num_splits, int64_t occupancy, int64_t kv_format, double sm_scale) {
+  const bool fp8 = kv_format == mla_gfx950::kFormatFp8;
+  TORCH_CHECK(fp8 || kv_format == mla_gfx950::kFormatMxfp4, "hip_gfx950 reads fp8 (", mla_gfx950::kFormatFp8,
+              ") or mxfp4 (", mla_gfx950::kFormatMxfp4, ") caches, got format code ", kv_format);
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
               "q must be (total_q, H, 576) bf16 with a contiguous last dim");
@@ -34,6 +38,8 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   TORCH_CHECK(qo_indptr.scalar_type() == at::kInt && kv_indptr.scalar_type() == at::kInt &&
               qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1 &&
               qo_indptr.is_contiguous() && kv_indptr.is_contiguous(), "indptr must be int32 (batch + 1,)");
+  TORCH_CHECK(error_flag.scalar_type() == at::kInt && error_flag.numel() == 2 && error_flag.is_contiguous() &&
+              error_flag.device() == q.device(), "error_flag must be int32 (2,) on q's device");
   TORCH_CHECK(num_splits >= 1 && occupancy >= 2 && occupancy <= 4, "bad num_splits / occupancy");
   const int64_t num_rows = kv.numel() / (fp8 ? 576 : 288);
   if (fp8) {
@@ -65,6 +71,7 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   p.out = static_cast<uint16_t*>(out.data_ptr());
   p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
   p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
+  p.error_flag = error_flag.data_ptr<int32_t>();
   p.q_row_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
   p.out_row_stride = out.stride(0);
@@ -75,7 +82,30 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   p.num_kv_rows = (int)num_rows;
   p.num_splits = (int)num_splits;
   p.sm_scale_log2 = (float)(sm_scale * 1.4426950408889634);
-  const int err = mla_gfx950::launch_decode(p, fp8 ? 0 : 1, (int)occupancy,
+  const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy,
                                             c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
+}
+
+// The aiter route's indptr guard (indptr_guard.hip): qo_out / kv_out (n,) int32 receive the clamped copies of
+// qo_indptr / kv_indptr (n,) int32; changes are recorded in error_flag (2,) int32. One launch on the current stream.
+void guard_indptr(torch::Tensor qo_indptr, torch::Tensor kv_indptr, torch::Tensor qo_out, torch::Tensor kv_out,
+                  torch::Tensor error_flag, int64_t total_q, int64_t num_kv_rows) {
+  const int64_t n = qo_indptr.numel();
+  for (const torch::Tensor* t : {&qo_indptr, &kv_indptr, &qo_out, &kv_out, &error_flag})
+    TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->device() == qo_indptr.device() &&
+                t->is_cuda(), "indptr guard tensors must be contiguous int32 on one GPU");
+  TORCH_CHECK(n >= 2 && kv_indptr.numel() == n && qo_out.numel() == n && kv_out.numel() == n &&
+              error_flag.numel() == 2, "indptr guard: (batch + 1,) arrays and a (2,) flag");
+  mla_gfx950::IndptrGuardParams p{};
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.qo_out = qo_out.data_ptr<int32_t>();
+  p.kv_out = kv_out.data_ptr<int32_t>();
+  p.error_flag = error_flag.data_ptr<int32_t>();
+  p.n = (int)n;
+  p.total_q = (int)total_q;
+  p.num_kv_rows = (int)num_kv_rows;
+  const int err = mla_gfx950::launch_indptr_guard(p, c10::cuda::getCurrentCUDAStream(qo_indptr.get_device()).stream());
+  TORCH_CHECK(err == 0, "hip_gfx950 indptr guard launch failed with hipError ", err);
 }

@@ -5,6 +5,13 @@
 
 namespace mla_gfx950 {
 
+// Cache format codes, as every binding takes them: constants.KV_FORMAT_CODES (sm90 config.h declares the same);
+// these kernels read fp8 and mxfp4 caches. tests/test_kernel_constants.py parses both enums below.
+enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
+// Bits of DecodeParams::error_flag[0], as mixed_mla.validate.FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR.
+enum IndptrViolation : int { kBadQoIndptr = 1, kBadKvIndptr = 2 };
+constexpr int NO_SEGMENT = 2147483647;  // error_flag[1] when no violation is recorded (validate.py)
+
 constexpr int QK_DIM = 576;            // latent 512 + rope 64: the Q.K contraction
 constexpr int V_DIM = 512;             // the first 512 dims of the same KV row
 constexpr int HEAD_GROUP = 16;         // heads per pass: the N dimension of the 16x16 MFMA

@@ -15,26 +15,34 @@ __global__ void stage1_mxfp4_occ2(mla_gfx950::DecodeParams);
 __global__ void stage1_mxfp4_occ3(mla_gfx950::DecodeParams);
 __global__ void stage1_mxfp4_occ4(mla_gfx950::DecodeParams);
 __global__ void merge_splits(mla_gfx950::DecodeParams);
+__global__ void indptr_guard(mla_gfx950::IndptrGuardParams);
 }
 
 namespace mla_gfx950 {
 
-// format: 0 = fp8, 1 = mxfp4; occupancy: 2, 3 or 4 (workgroups per CU). Returns a hipError_t as int.
+// format: a KvFormat code (config.h: kFormatFp8 or kFormatMxfp4); occupancy: 2, 3 or 4 (workgroups per CU).
+// Returns a hipError_t as int (hipErrorInvalidValue for a format or occupancy without a kernel).
 // Kernels are launched by name (a switch, not a table of pointers): the launch macro wants the kernel itself.
 int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream) {
   hipStream_t s = static_cast<hipStream_t>(stream);
   const dim3 grid(p.num_splits, p.total_q, p.num_heads / HEAD_GROUP), block(THREADS);
   switch (format * 10 + occupancy) {
-    case 2: hipLaunchKernelGGL(stage1_fp8_occ2, grid, block, 0, s, p); break;
-    case 3: hipLaunchKernelGGL(stage1_fp8_occ3, grid, block, 0, s, p); break;
-    case 4: hipLaunchKernelGGL(stage1_fp8_occ4, grid, block, 0, s, p); break;
-    case 12: hipLaunchKernelGGL(stage1_mxfp4_occ2, grid, block, 0, s, p); break;
-    case 13: hipLaunchKernelGGL(stage1_mxfp4_occ3, grid, block, 0, s, p); break;
-    case 14: hipLaunchKernelGGL(stage1_mxfp4_occ4, grid, block, 0, s, p); break;
+    case kFormatFp8 * 10 + 2: hipLaunchKernelGGL(stage1_fp8_occ2, grid, block, 0, s, p); break;
+    case kFormatFp8 * 10 + 3: hipLaunchKernelGGL(stage1_fp8_occ3, grid, block, 0, s, p); break;
+    case kFormatFp8 * 10 + 4: hipLaunchKernelGGL(stage1_fp8_occ4, grid, block, 0, s, p); break;
+    case kFormatMxfp4 * 10 + 2: hipLaunchKernelGGL(stage1_mxfp4_occ2, grid, block, 0, s, p); break;
+    case kFormatMxfp4 * 10 + 3: hipLaunchKernelGGL(stage1_mxfp4_occ3, grid, block, 0, s, p); break;
+    case kFormatMxfp4 * 10 + 4: hipLaunchKernelGGL(stage1_mxfp4_occ4, grid, block, 0, s, p); break;
     default: return (int)hipErrorInvalidValue;
   }
   if (p.num_splits > 1)
     hipLaunchKernelGGL(merge_splits, dim3(p.total_q, p.num_heads), dim3(WAVE_SIZE), 0, s, p);
+  return (int)hipGetLastError();
+}
+
+// The aiter route's indptr guard: one workgroup (indptr_guard.hip). Returns a hipError_t as int.
+int launch_indptr_guard(const IndptrGuardParams& p, void* stream) {
+  hipLaunchKernelGGL(indptr_guard, dim3(1), dim3(THREADS), 0, static_cast<hipStream_t>(stream), p);
   return (int)hipGetLastError();
 }
 

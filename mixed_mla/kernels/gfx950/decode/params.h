@@ -14,10 +14,21 @@ struct DecodeParams {
   uint16_t* out;                   // bf16 bits (total_q, num_heads, 512); written when num_splits == 1
   uint16_t* partial_out;           // bf16 bits [total_q][num_heads][num_splits][512], normalised per split
   float* partial_lse;              // [total_q][num_heads][num_splits], log2 units; -inf for an empty split
+  int32_t* error_flag;             // (2,): [IndptrViolation bits, first bad segment] (validate.py's flag)
   int64_t q_row_stride, q_head_stride;      // elements
   int64_t out_row_stride, out_head_stride;  // elements
   int total_q, num_heads, batch, num_kv_rows, num_splits;
   float sm_scale_log2;             // sm_scale * log2(e): scores are kept in log2 units for exp2
+};
+
+// The aiter route's indptr guard (indptr_guard.hip; mixed_mla/backends/aiter_mla.py guard_indptr).
+struct IndptrGuardParams {
+  const int32_t* qo_indptr;        // (n,) as given
+  const int32_t* kv_indptr;        // (n,) as given
+  int32_t* qo_out;                 // (n,) clamped to [0, total_q], non-decreasing, 0 first, total_q last
+  int32_t* kv_out;                 // (n,) clamped to [0, num_kv_rows], non-decreasing, 0 first
+  int32_t* error_flag;             // (2,): as DecodeParams::error_flag
+  int n, total_q, num_kv_rows;
 };
 
 }  // namespace mla_gfx950

@@ -4,7 +4,7 @@
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
-// A third mode, MLA_CPU_EMULATION, is test equipment: ../cpu_emulation/ runs the same text on CPU threads.
+// A third mode, MLA_CPU_EMULATION, is test equipment: emulator/gfx950/ runs the same text on CPU lanes.
 #pragma once
 
 #if defined(MLA_CPU_EMULATION)
@@ -58,6 +58,15 @@ __device__ inline float lane_xor(float v, int mask) { return lane_read(v, lane_i
 
 // Make a value wave-uniform so the compiler keeps it (and what is derived from it) in SGPRs.
 __device__ inline int uniform(int v) { return __builtin_amdgcn_readfirstlane(v); }
+
+// Relaxed atomic read-modify-writes of a global dword at agent scope: what HIP's atomicOr / atomicMin (int) are
+// (hip/amd_detail/amd_hip_atomic.h), spelled with clang's builtins so the static check needs no HIP header.
+__device__ inline void atomic_or(int32_t* address, int32_t bits) {
+  __hip_atomic_fetch_or(address, bits, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
+__device__ inline void atomic_min(int32_t* address, int32_t value) {
+  __hip_atomic_fetch_min(address, value, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
+}
 
 // s_waitcnt with only the vector-memory counter constrained (gfx9 encoding: vmcnt in bits 3:0 and 15:14,
 // expcnt 6:4 and lgkmcnt 11:8 left at their maxima). `n` must fold to a constant.

@@ -26,8 +26,24 @@ namespace mla_gfx950 {
 __device__ inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
 __device__ inline int min_int(int a, int b) { return a < b ? a : b; }
 
-// The KV rows query row `t` attends: segment start and number of visible positions (DESIGN.md's causal MTP
-// rule). Every indptr entry is clamped to the tensors' extents, so garbage contents cannot read out of bounds.
+// Records in p.error_flag whether segment `seg`'s indptr entries break the rules (validate.py): both arrays start
+// at 0 and never decrease, qo_indptr ends at total_q, kv_indptr within the cache. The sm90 kernels' rule
+// (sm90/decode/decode_split.cuh record_indptr_violation); one thread per segment calls it. Only reads, in bounds.
+__device__ inline void record_indptr_violation(const DecodeParams& p, int seg) {
+  const int qo_lo = p.qo_indptr[seg], qo_hi = p.qo_indptr[seg + 1];
+  const int kv_lo = p.kv_indptr[seg], kv_hi = p.kv_indptr[seg + 1];
+  const bool bad_qo = qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.total_q || (seg == 0 && qo_lo != 0) ||
+                      (seg == p.batch - 1 && qo_hi != p.total_q);
+  const bool bad_kv = kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.num_kv_rows || (seg == 0 && kv_lo != 0);
+  if (bad_qo || bad_kv) {
+    atomic_or(p.error_flag, (bad_qo ? kBadQoIndptr : 0) | (bad_kv ? kBadKvIndptr : 0));
+    atomic_min(p.error_flag + 1, seg);
+  }
+}
+
+// The KV rows query row `t` attends: segment start and number of visible positions (the causal MTP rule of
+// docs/problem.md). Every indptr entry is clamped to the tensors' extents, so garbage contents cannot read out of
+// bounds.
 struct RowWork {
   int kv_begin;
   int kv_len;  // 0: the row outputs zeros
@@ -169,6 +185,10 @@ __device__ inline void stage1(const DecodeParams& p) {
   const int wave = uniform(thread_id() / WAVE_SIZE), lane = lane_id();
   const int n = lane & 15, g = lane >> 4;
 
+  // The grid has no segment axis: thread 0 of the (split 0, head group 0) workgroup of row t checks segments
+  // t, t + total_q, ..., so each segment is checked once by one thread whatever the indptr holds.
+  if (split == 0 && head_group == 0 && thread_id() == 0)
+    for (int seg = t; seg < p.batch; seg += p.total_q) record_indptr_violation(p, seg);
   const RowWork rw = row_work(p, t);
   const int num_tiles = (rw.kv_len + TILE_TOKENS - 1) / TILE_TOKENS;
   const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
