@@ -2,6 +2,8 @@
 headers use: parsed from the headers here, so a change on one side alone fails."""
 import re
 
+import pytest
+
 from mixed_mla import constants, kernels, validate
 from mixed_mla.backends import cuda_sm90, hip_gfx950
 
@@ -36,13 +38,24 @@ def test_the_parser_reads_literals_and_enums_and_nothing_else():
         kernels.read = original
 
 
+# (Python value, its name in sm90/decode/config.h, its name in gfx950/decode/config.h)
+SHARED_DIMENSIONS = [
+    (constants.QK_HEAD_DIM, "kHeadDimQK", "QK_DIM"), (constants.V_HEAD_DIM, "kHeadDimV", "V_DIM"),
+    (constants.HEAD_GROUP, "kHeadGroup", "HEAD_GROUP"),
+    (constants.MXFP4_PACKED_ROW_BYTES, "kFp4RowBytes", "FP4_ROW_BYTES"),
+    (constants.MXFP4_SCALE_COLS, "kFp4ScaleCols", "FP4_SCALE_ROW_BYTES"),
+]
+
+
+@pytest.mark.parametrize("value,sm90_name,gfx950_name", SHARED_DIMENSIONS, ids=[row[1] for row in SHARED_DIMENSIONS])
+def test_both_archs_headers_hold_the_python_dimensions(value, sm90_name, gfx950_name):
+    assert header_constants("sm90/decode/config.h")[sm90_name] == value
+    assert header_constants("gfx950/decode/config.h")[gfx950_name] == value
+
+
 def test_sm90_config_matches_the_python_definitions():
     config = header_constants("sm90/decode/config.h")
-    assert (config["kHeadDimQK"], config["kHeadDimV"], config["kHeadGroup"]) == (
-        constants.QK_HEAD_DIM, constants.V_HEAD_DIM, constants.HEAD_GROUP)
-    assert (config["kFp4RowBytes"], config["kFp4ScaleCols"], config["kFp4Blocks"]) == (
-        constants.MXFP4_PACKED_ROW_BYTES, constants.MXFP4_SCALE_COLS, constants.MXFP4_BLOCKS_PER_ROW)
-    assert config["kMaxSplits"] == constants.MAX_SPLITS
+    assert config["kFp4Blocks"] == constants.MXFP4_BLOCKS_PER_ROW and config["kMaxSplits"] == constants.MAX_SPLITS
     assert config["KvFormat"] == {"kFormatBf16": constants.KV_FORMAT_CODES["bf16"],
                                   "kFormatFp8": constants.KV_FORMAT_CODES["fp8"],
                                   "kFormatMxfp4": constants.KV_FORMAT_CODES["mxfp4"]}
@@ -57,16 +70,15 @@ def test_sm90_tile_sizes_are_the_ones_the_planner_rounds_splits_to():
     tiles = kernels.read("sm90/decode/kv_tiles.cuh")
     fp8 = re.search(r"KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 \? (\d+) : (\d+)>", tiles)
     assert {"tile64": int(fp8.group(1)), "": int(fp8.group(2))} == cuda_sm90.TILE_TOKENS
-    for kv_format in ("Bf16", "Mxfp4"):   # the formats without variants: the default variant's tile
-        assert f"KvTile<kFormat{kv_format}, kVariant> : TileGeometry<{cuda_sm90.TILE_TOKENS['']}>" in tiles
+    # the formats without variants (their tiles are CopiedBf16Tile's): the default variant's tile
+    assert f"struct CopiedBf16Tile : TileGeometry<{cuda_sm90.TILE_TOKENS['']}>" in tiles
+    for kv_format in ("Bf16", "Mxfp4"):
+        assert f"struct KvTile<kFormat{kv_format}, kVariant> : CopiedBf16Tile<" in tiles
 
 
 def test_gfx950_config_matches_the_python_definitions():
     config = header_constants("gfx950/decode/config.h")
-    assert (config["QK_DIM"], config["V_DIM"], config["HEAD_GROUP"]) == (
-        constants.QK_HEAD_DIM, constants.V_HEAD_DIM, constants.HEAD_GROUP)
-    assert (config["FP4_ROW_BYTES"], config["FP4_BLOCK"], config["FP4_SCALE_ROW_BYTES"]) == (
-        constants.MXFP4_PACKED_ROW_BYTES, constants.MXFP4_BLOCK, constants.MXFP4_SCALE_COLS)
+    assert config["FP4_BLOCK"] == constants.MXFP4_BLOCK
     assert hip_gfx950.ROW_BYTES == {"fp8": config["FP8_ROW_BYTES"], "mxfp4": config["FP4_ROW_BYTES"]}
 
 

@@ -48,7 +48,7 @@ CLANG = [sys.executable, "-m", "ziglang", "clang"]
 FLAGS = ["-x", "hip", f"--offload-arch={ARCH}", "-nogpuinc", "-nogpulib", "--cuda-device-only", "-O3",
          "-std=c++17", "-S", "-Rpass-analysis=kernel-resource-usage"]
 # Files holding kernels; launch.hip (host) and binding.cpp (torch) are built by hipcc on ROCm only.
-KERNEL_FILE = re.compile(r"^(stage1_\w+|merge)\.hip$")
+KERNEL_FILE = re.compile(r"^(stage1_\w+|merge|indptr_guard)\.hip$")
 TARGET = re.compile(r"_occ(\d)$")
 REMARK = re.compile(r"remark:\s+(Function Name|TotalSGPRs|VGPRs|AGPRs|ScratchSize \[bytes/lane\]|"
                     r"Occupancy \[waves/SIMD\]|SGPRs Spill|VGPRs Spill|LDS Size \[bytes/block\]): (\S+)")

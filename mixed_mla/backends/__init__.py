@@ -103,6 +103,16 @@ def unavailable_reason(name: str, device_key: str):
     return backend.available(torch.device(device_key))
 
 
+def build_failure(name: str, build: Callable) -> Optional[str]:
+    """None when a backend's JIT build succeeds (`build()`), else why not: a failed build is a reason to fall back,
+    reported with the compiler's message (what a backend's `available` returns last)."""
+    try:
+        build()
+    except Exception as error:
+        return f"{name} failed to build: {type(error).__name__}: {error}"
+    return None
+
+
 def supports(name: str, kv_format: str, num_heads: int) -> bool:
     """Whether the backend's SPEC declares this format and head count, and serves the format now."""
     declared = spec(name)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import BackendSpec
+from . import BackendSpec, build_failure
 from ..constants import KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
 from ..validate import device_error_flag
@@ -66,11 +66,7 @@ def available(device):
     capability = torch.cuda.get_device_capability(device)
     if capability != (9, 0):
         return f"cuda_sm90 is built for sm_90a (H100/H200); this device is sm_{capability[0]}{capability[1]}"
-    try:
-        _module()
-    except Exception as error:  # a failed JIT build is a reason to fall back, with the compiler's message
-        return f"cuda_sm90 failed to build: {type(error).__name__}: {error}"
-    return None
+    return build_failure("cuda_sm90", _module)
 
 
 @functools.lru_cache(maxsize=None)

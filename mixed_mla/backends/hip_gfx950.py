@@ -50,7 +50,7 @@ GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gf
 
 
 # ---- backend declaration (backends.BackendSpec; the planner and the bundle read it) ----
-from . import BackendSpec  # noqa: E402
+from . import BackendSpec, build_failure  # noqa: E402
 from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 
 def served_formats():
@@ -75,11 +75,7 @@ def available(device):
         return GFX942_REASON
     if arch != ARCH:
         return f"hip_gfx950 is built for {ARCH} (MI355X); this device is {arch}"
-    try:
-        _module()
-    except Exception as error:  # a failed JIT build is a reason to fall back, with the compiler's message
-        return f"hip_gfx950 failed to build: {type(error).__name__}: {error}"
-    return None
+    return build_failure("hip_gfx950", _module)
 
 
 @functools.lru_cache(maxsize=None)

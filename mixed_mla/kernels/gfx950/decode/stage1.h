@@ -89,21 +89,26 @@ __device__ inline v4u load_q_chunk(const uint16_t* src, int step, int g, int c) 
   return real ? raw : v4u{0u, 0u, 0u, 0u};
 }
 
+// Calls f(step, chunk, raw) for each of lane group g's Q chunks, fully unrolled (both passes of load_q_fp8).
+template <QOrder order, class F>
+__device__ inline void for_each_q_chunk(const uint16_t* src, int g, F&& f) {
+#pragma unroll
+  for (int s = 0; s < QK_STEPS; ++s)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) f(s, c, load_q_chunk<order>(src, s, g, c));
+}
+
 template <QOrder order>
 __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, int g) {
   const uint16_t* src = p.q + (int64_t)t * p.q_row_stride + (int64_t)head * p.q_head_stride;
   // Two passes over the (L2-resident) row: holding all 80 raw words across the amax would double the live
   // registers of the prologue and spill.
   float amax = 0.0f;
+  for_each_q_chunk<order>(src, g, [&](int, int, const v4u& raw) {
 #pragma unroll
-  for (int s = 0; s < QK_STEPS; ++s)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const v4u raw = load_q_chunk<order>(src, s, g, c);
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        amax = __builtin_fmaxf(amax, __builtin_fmaxf(__builtin_fabsf(bf16_lo(raw[e])), __builtin_fabsf(bf16_hi(raw[e]))));
-    }
+    for (int e = 0; e < 4; ++e)
+      amax = __builtin_fmaxf(amax, __builtin_fmaxf(__builtin_fabsf(bf16_lo(raw[e])), __builtin_fabsf(bf16_hi(raw[e]))));
+  });
   asm volatile("" ::: "memory");  // keeps the second pass's loads from being merged with the first's
   amax = __builtin_fmaxf(amax, lane_xor(amax, 16));  // lanes n, n+16, n+32, n+48 hold the same head
   amax = __builtin_fmaxf(amax, lane_xor(amax, 32));
@@ -111,19 +116,15 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   const float scale = __builtin_amdgcn_ldexpf(1.0f, shift);
   QFragment q;
   q.inv_scale = __builtin_amdgcn_ldexpf(1.0f, -shift);
+  for_each_q_chunk<order>(src, g, [&](int s, int c, const v4u& raw) {
 #pragma unroll
-  for (int s = 0; s < QK_STEPS; ++s)
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const v4u raw = load_q_chunk<order>(src, s, g, c);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // 4 bf16 in two words -> 4 fp8 in one word
-        const unsigned a = raw[2 * h], b = raw[2 * h + 1];
-        int packed = __builtin_amdgcn_cvt_pk_fp8_f32(bf16_lo(a) * scale, bf16_hi(a) * scale, 0, false);
-        packed = __builtin_amdgcn_cvt_pk_fp8_f32(bf16_lo(b) * scale, bf16_hi(b) * scale, packed, true);
-        q.step[s][2 * c + h] = packed;
-      }
+    for (int h = 0; h < 2; ++h) {  // 4 bf16 in two words -> 4 fp8 in one word
+      const unsigned a = raw[2 * h], b = raw[2 * h + 1];
+      int packed = __builtin_amdgcn_cvt_pk_fp8_f32(bf16_lo(a) * scale, bf16_hi(a) * scale, 0, false);
+      packed = __builtin_amdgcn_cvt_pk_fp8_f32(bf16_lo(b) * scale, bf16_hi(b) * scale, packed, true);
+      q.step[s][2 * c + h] = packed;
     }
+  });
   return q;
 }
 
