@@ -27,20 +27,26 @@ CONFIG_H = Path(__file__).resolve().parents[1] / "mixed_mla/kernels/gfx950/decod
 
 @dataclass(frozen=True)
 class Layout:
-    q_lens: tuple
-    kv_lens: tuple
+    segments: tuple            # (q_len, kv_len) per segment
     num_heads: int = 16
     num_splits: int = 1
-    q_magnitude: float = 1.0
-    kv_magnitude: float = 1.0
+    q_magnitude: float = 1.0   # Q's randn scale; the cache takes its inverse, so the scores stay O(1)
     seed: int = 0
+
+    @property
+    def q_lens(self) -> tuple:
+        return tuple(q_len for q_len, _ in self.segments)
+
+    @property
+    def kv_lens(self) -> tuple:
+        return tuple(kv_len for _, kv_len in self.segments)
 
 
 def _inputs(layout: Layout, kv_format: str):
     g = torch.Generator().manual_seed(layout.seed)
     total_q, total_kv = sum(layout.q_lens), sum(layout.kv_lens)
     q = (torch.randn(total_q, layout.num_heads, 576, generator=g) * layout.q_magnitude).to(torch.bfloat16)
-    kv = (torch.randn(max(total_kv, 1), 1, 576, generator=g) * layout.kv_magnitude).to(torch.bfloat16)
+    kv = (torch.randn(max(total_kv, 1), 1, 576, generator=g) / layout.q_magnitude).to(torch.bfloat16)
     cache = formats.quantize_fp8(kv) if kv_format == "fp8" else formats.quantize_mxfp4(kv)
     qo = torch.tensor([0] + list(layout.q_lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
     kvp = torch.tensor([0] + list(layout.kv_lens), dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -64,7 +70,7 @@ def test_mirrored_constants_match_the_kernel_config():
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
 def test_problem_shape_with_many_splits(kv_format):
     # bs 4, kv 1024, 16 splits: the seed's choice for this benchmark shape
-    err = _twin_error(Layout(q_lens=(1,) * 4, kv_lens=(1024,) * 4, num_splits=16, seed=4217), kv_format)
+    err = _twin_error(Layout(((1, 1024),) * 4, num_splits=16, seed=4217), kv_format)
     assert err <= exact.STRICT_BOUND[kv_format], err
 
 
@@ -73,9 +79,9 @@ def layouts(draw):
     q_lens = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=4)))
     kv_lens = tuple(draw(st.lists(st.integers(0, 200), min_size=len(q_lens), max_size=len(q_lens))))
     q_magnitude = draw(st.sampled_from([1.0, 1000.0, 1e-3]))
-    return Layout(q_lens, kv_lens, num_heads=draw(st.sampled_from([16, 32])),
+    return Layout(tuple(zip(q_lens, kv_lens)), num_heads=draw(st.sampled_from([16, 32])),
                   num_splits=draw(st.sampled_from([1, 2, 3, 7, 16])), q_magnitude=q_magnitude,
-                  kv_magnitude=1.0 / q_magnitude, seed=draw(st.integers(0, 2**16)))
+                  seed=draw(st.integers(0, 2**16)))
 
 
 @settings(max_examples=30, deadline=None)
@@ -91,8 +97,7 @@ def test_twin_meets_the_strict_bound_on_random_layouts(layout, kv_format):
 def test_unscaled_q_fails_the_bound(kv_format, q_magnitude):
     # |q| ~ 1e3 saturates e4m3 (max 448) without the scale, |q| ~ 1e-3 sinks into its subnormals; the scores are
     # ~N(0, 1) either way (cache scaled inversely), so only the Q scaling differs between the two runs
-    layout = Layout(q_lens=(1, 2), kv_lens=(300, 77), num_splits=3, q_magnitude=q_magnitude,
-                    kv_magnitude=1.0 / q_magnitude, seed=7)
+    layout = Layout(((1, 300), (2, 77)), num_splits=3, q_magnitude=q_magnitude, seed=7)
     assert _twin_error(layout, kv_format, scale_q=True) <= exact.STRICT_BOUND[kv_format]
     assert _twin_error(layout, kv_format, scale_q=False) > 2 * exact.STRICT_BOUND[kv_format]
 
@@ -174,7 +179,7 @@ BAD_INDPTR = {
 
 
 def _flag_case(kv_format, qo=None, kv=None):
-    q, cache, good_qo, good_kv = _inputs(Layout(q_lens=(1, 2, 1), kv_lens=(50, 70, 30), seed=3), kv_format)
+    q, cache, good_qo, good_kv = _inputs(Layout(((1, 50), (2, 70), (1, 30)), seed=3), kv_format)
     as_indptr = lambda values, good: good if values is None else torch.tensor(values, dtype=torch.int32)  # noqa
     return q, cache, as_indptr(qo, good_qo), as_indptr(kv, good_kv)
 
@@ -242,7 +247,7 @@ def test_the_emulator_catches_a_missing_load_wait(tmp_path, ziglang):
 def small_layouts(draw):
     q_lens = tuple(draw(st.lists(st.integers(0, 4), min_size=1, max_size=2)))
     kv_lens = tuple(draw(st.lists(st.integers(0, 100), min_size=len(q_lens), max_size=len(q_lens))))
-    return Layout(q_lens, kv_lens, num_heads=draw(st.sampled_from([16, 32, 64, 128])),
+    return Layout(tuple(zip(q_lens, kv_lens)), num_heads=draw(st.sampled_from([16, 32, 64, 128])),
                   num_splits=draw(st.sampled_from([1, 2, 5])), seed=draw(st.integers(0, 2**16)))
 
 
@@ -262,7 +267,7 @@ def test_kernel_source_on_cpu_lanes_on_random_layouts(lane_emulator, layout, kv_
 def test_tiny_and_zero_q_heads_stay_finite(lane_emulator, kv_format):
     # heads whose amax is 0, 2^-130 (a bf16 subnormal) or 2^-121 would need a scale 2^s past float's range
     # (2^128 = inf, then 0 * inf = NaN); the capped shift keeps them finite and their (vanishing) scores exact
-    layout = Layout(q_lens=(1, 1), kv_lens=(70, 40), num_heads=16, num_splits=2, seed=11)
+    layout = Layout(((1, 70), (1, 40)), num_heads=16, num_splits=2, seed=11)
     q, cache, qo, kvp = _inputs(layout, kv_format)
     q[0, 0] = 0.0
     q[0, 1] = q[0, 1] / q[0, 1].abs().max() * 2.0**-130
