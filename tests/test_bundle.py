@@ -42,7 +42,7 @@ def test_what_runs_is_embedded_verbatim():
         backend_modules <= set(namespace["_MODULES"])
     for relpath, text in namespace["_MODULES"].items():
         assert text == (package / relpath).read_text()
-    kernel_files = {p.relative_to(package / "kernels").as_posix() for d in ("sm90/decode", "gfx950/decode")
+    kernel_files = {p.relative_to(package / "kernels").as_posix() for d in ("sm90/decode", "gfx950/decode", "common")
                     for p in (package / "kernels" / d).iterdir() if p.suffix in bundle.KERNEL_SUFFIXES}
     assert set(namespace["_KERNEL_SOURCES"]) == kernel_files
     assert set(namespace["_TABLES"]) == {p.name for p in (package / "tables").glob("*.json")}

@@ -26,7 +26,7 @@ HEADER = "#!POPCORN leaderboard amd-mixed-mla\n#!POPCORN gpu MI355X\n"
 
 sys.path.insert(0, str(ROOT))
 from mixed_mla import backends  # noqa: E402
-from mixed_mla.kernels import SOURCE_SUFFIXES as KERNEL_SUFFIXES  # noqa: E402  (the one list of them)
+from mixed_mla.kernels import COMMON_DIR, SOURCE_SUFFIXES as KERNEL_SUFFIXES  # noqa: E402  (the one list of them)
 
 RUNTIME_ROOT = "entry.py"   # custom_kernel's module: what the submission's footer imports
 
@@ -134,8 +134,9 @@ def runtime_modules() -> dict:
 
 
 def runtime_kernel_dirs() -> tuple:
-    """The kernel directories (under mixed_mla/kernels/) the registered backends build."""
-    return tuple(sorted({backends.spec(name).kernel_dir for name in backends.BACKEND_NAMES} - {None}))
+    """The kernel directories (under mixed_mla/kernels/) the registered backends build, and the one they share."""
+    built = {backends.spec(name).kernel_dir for name in backends.BACKEND_NAMES} - {None}
+    return tuple(sorted(built | {COMMON_DIR}))
 
 
 def bundle_text() -> str:

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mixed_mla.kernels import materialize  # noqa: E402
+from mixed_mla.kernels import COMMON_DIR, materialize  # noqa: E402
 
 KERNEL_DIR = "gfx950/decode"
 ARCH = "gfx950"
@@ -204,7 +204,8 @@ def check_host_code(src_dir: Path, work_dir: Path, binding: bool = True) -> dict
     # the CPU wheel of torch ships c10/cuda without its generated macro header; an empty one stands in
     (work_dir / "c10/cuda/impl").mkdir(parents=True, exist_ok=True)
     (work_dir / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n")
-    includes = [work_dir, sysconfig.get_paths()["include"], *include_paths(), CUDA_INCLUDE, src_dir]
+    includes = [work_dir, sysconfig.get_paths()["include"], *include_paths(), CUDA_INCLUDE, src_dir,
+                materialize(COMMON_DIR)]
     binding = subprocess.run([compiler, "-std=c++17", "-fsyntax-only", "-w",
                                            *[f"-I{p}" for p in includes], str(src_dir / "binding.cpp")],
                              capture_output=True, text=True)

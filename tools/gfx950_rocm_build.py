@@ -119,8 +119,9 @@ def capture_load_inline(build_root: Path, kernel_dir=None) -> dict:
     import torch.utils.cpp_extension as cpp_extension
     from mixed_mla import kernels
     from mixed_mla.backends import hip_gfx950
-    if kernel_dir is not None:   # a mutated copy: the bundle's embedding mechanism serves it instead
+    if kernel_dir is not None:   # a mutated copy: the bundle's embedding mechanism serves it, the rest as it is
         prefix = hip_gfx950.KERNEL_DIR + "/"
+        kernels._EMBEDDED.update(kernels._all_sources())
         kernels._EMBEDDED.update({prefix + p.name: p.read_text() for p in Path(kernel_dir).iterdir() if p.is_file()})
     os.environ.update(PYTORCH_ROCM_ARCH=ARCH, TORCH_EXTENSIONS_DIR=str(build_root / "torch_extensions"),
                       MLA_KERNEL_CACHE=str(build_root / "kernels"))   # hipify writes beside the kernel sources
@@ -139,7 +140,7 @@ def capture_load_inline(build_root: Path, kernel_dir=None) -> dict:
     variables = dict(re.findall(r"^(\w+) = (.*)$", text, re.M))
     sources = dict(re.findall(r"^build \S+: (compile|cuda_compile) (\S+)$", text, re.M))
     return {"vars": variables, "cpp": sources["compile"], "hip": sources["cuda_compile"],
-            "include_dir": str(next((build_root / "kernels").iterdir()))}
+            "include_dir": str(next((build_root / "kernels").glob(hip_gfx950.KERNEL_DIR.replace("/", "_") + "-*")))}
 
 
 def torch_hip_headers(work: Path) -> Path:

@@ -14,6 +14,8 @@ _EMBEDDED: dict = {}
 
 _HERE = Path(__file__).resolve().parent
 SOURCE_SUFFIXES = (".cu", ".cuh", ".h", ".hip", ".cpp")
+# Host code every arch's binding shares (decode_binding.h): on every build's include path, in every bundle.
+COMMON_DIR = "common"
 
 
 def _all_sources() -> dict:
@@ -61,17 +63,20 @@ def materialize(subdir: str) -> Path:
 def jit_build(kernel_dir: str, cuda_files, cuda_flags, functions=("forward",), **load_inline_args):
     """Build `kernel_dir`'s binding.cpp (exporting `functions`) with its device files through torch's load_inline.
 
-    The module name carries the sources' content hash, so a changed kernel rebuilds instead of loading a stale
-    extension from torch's build cache; the directory from `materialize` serves the files' #includes.
+    The module name carries the sources' content hashes (its own and the shared COMMON_DIR's), so a changed kernel
+    rebuilds instead of loading a stale extension from torch's build cache; the directories from `materialize`
+    serve the files' #includes.
     """
     from torch.utils.cpp_extension import load_inline
     include_dir = materialize(kernel_dir)
+    common_dir = materialize(COMMON_DIR)
     return load_inline(
-        name=f"mixed_mla_{kernel_dir.replace('/', '_')}_{include_dir.name.rsplit('-', 1)[-1]}",
+        name=f"mixed_mla_{kernel_dir.replace('/', '_')}_{include_dir.name.rsplit('-', 1)[-1]}"
+             f"_{common_dir.name.rsplit('-', 1)[-1]}",
         cpp_sources=[read(f"{kernel_dir}/binding.cpp")],
         cuda_sources=[read(f"{kernel_dir}/{name}") for name in cuda_files],
         functions=list(functions),
-        extra_include_paths=[str(include_dir)],
+        extra_include_paths=[str(include_dir), str(common_dir)],
         extra_cuda_cflags=list(cuda_flags) + ["-O3", "-std=c++17"],
         **load_inline_args,
     )

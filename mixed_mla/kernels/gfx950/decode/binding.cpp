@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "config.h"
+#include "decode_binding.h"   // kernels/common/
 #include "params.h"
 
 namespace mla_gfx950 {
@@ -11,11 +12,7 @@ int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream
 int launch_indptr_guard(const IndptrGuardParams& p, void* stream);
 }
 
-namespace {
-
-const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
-
-}  // namespace
+using mla_binding::bytes_of;
 
 // kv_format: a config.h KvFormat code (constants.KV_FORMAT_CODES): kFormatFp8 (kv = e4m3 rows (N, 576) as bytes,
 // kv_aux = float32 scale (1,)) or kFormatMxfp4 (kv = packed rows (N, 288) as bytes, kv_aux = e8m0 scales (>= N, 24)
@@ -62,26 +59,11 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   if (q.size(0) == 0) return;
 
   mla_gfx950::DecodeParams p{};
-  p.q = static_cast<const uint16_t*>(q.data_ptr());
-  p.kv = bytes_of(kv);
+  mla_binding::fill_common_params(p, q, kv, qo_indptr, kv_indptr, out, partial_out, partial_lse, error_flag, num_splits,
+                                  sm_scale);
   p.kv_block_scales = fp8 ? nullptr : bytes_of(kv_aux);
   p.kv_scale = fp8 ? kv_aux.data_ptr<float>() : nullptr;
-  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
-  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
-  p.out = static_cast<uint16_t*>(out.data_ptr());
-  p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
-  p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
-  p.error_flag = error_flag.data_ptr<int32_t>();
-  p.q_row_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.out_row_stride = out.stride(0);
-  p.out_head_stride = out.stride(1);
-  p.total_q = (int)q.size(0);
-  p.num_heads = (int)q.size(1);
-  p.batch = (int)qo_indptr.numel() - 1;
   p.num_kv_rows = (int)num_rows;
-  p.num_splits = (int)num_splits;
-  p.sm_scale_log2 = (float)(sm_scale * 1.4426950408889634);
   const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy,
                                             c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);

@@ -4,13 +4,10 @@
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "decode_binding.h"   // kernels/common/
 #include "launch.h"
 
-namespace {
-
-const uint8_t* bytes_of(const torch::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
-
-}  // namespace
+using mla_binding::bytes_of;
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
@@ -60,28 +57,13 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   }
 
   mla_sm90::DecodeParams p{};
-  p.q = static_cast<const uint16_t*>(q.data_ptr());
-  p.kv = bytes_of(kv);
+  mla_binding::fill_common_params(p, q, kv, qo_indptr, kv_indptr, out, partial_out, partial_lse, error_flag, num_splits,
+                                  sm_scale);
   p.kv_block_scales = kv_format == 2 ? bytes_of(kv_aux) : nullptr;
   p.kv_scale = kv_format == 1 ? kv_aux.data_ptr<float>() : nullptr;
-  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
-  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
-  p.out = static_cast<uint16_t*>(out.data_ptr());
-  p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
-  p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
-  p.error_flag = error_flag.data_ptr<int32_t>();
-  p.q_row_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.out_row_stride = out.stride(0);
-  p.out_head_stride = out.stride(1);
   p.kv_row_stride = kv.stride(0) * kv.element_size();
-  p.total_q = static_cast<int>(q.size(0));
-  p.num_heads = static_cast<int>(q.size(1));
-  p.batch = static_cast<int>(qo_indptr.numel() - 1);
   p.num_kv_rows = static_cast<int>(kv.size(0));
-  p.num_splits = static_cast<int>(num_splits);
   p.max_q_len = static_cast<int>(max_q_len);
-  p.sm_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   if (paged) {
     TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
                 block_table.size(0) == qo_indptr.numel() - 1 && seq_lens.scalar_type() == at::kInt &&
