@@ -22,7 +22,7 @@ from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_CO
                         V_HEAD_DIM)
 from .formats import FP8_DTYPE
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import _E8M0_DTYPES, _PACKED_FP4_DTYPES, INDPTR_DTYPE, _check_tensor
+from .validate import E8M0_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_tensor
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ def paged_cache_of(kv_cache, device) -> PagedCache:
             raise ValueError(f"fp8 kv scale must be a float32 (1,) tensor on {device}, got shape "
                              f"{tuple(aux.shape)} on {aux.device}")
         return PagedCache("fp8", data.shape[0], data.shape[1])
-    _check_pages("mxfp4 packed codes", data, _PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
-    _check_pages("mxfp4 scales", aux, _E8M0_DTYPES, MXFP4_SCALE_COLS, device)
+    _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
+    _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device)
     if aux.shape[:2] != data.shape[:2]:
         raise ValueError(f"mxfp4 scales must have the pages of the codes, {tuple(data.shape[:2])}, got "
                          f"{tuple(aux.shape[:2])}")
@@ -58,7 +58,7 @@ def paged_cache_of(kv_cache, device) -> PagedCache:
 
 
 def _check_pages(name, t, dtypes, row_width, device):
-    _check_tensor(name, t, dtypes, device)   # type, dtype, device, contiguity
+    check_tensor(name, t, dtypes, device)   # type, dtype, device, contiguity
     if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
         raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
                          f"{tuple(t.shape)}")

@@ -25,8 +25,8 @@ FLAG_BAD_QO_INDPTR = 1
 FLAG_BAD_KV_INDPTR = 2
 _NO_SEGMENT = 2 ** 31 - 1
 _error_flags = {}   # torch.device -> its flag tensor: one per device this process launched a compiled kernel on
-_PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
-_E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
+PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
+E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 
 
 def check_kv_format(kv_format: str) -> None:
@@ -34,7 +34,9 @@ def check_kv_format(kv_format: str) -> None:
         raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(KV_FORMATS)}")
 
 
-def _check_tensor(name: str, t, dtypes, device: torch.device) -> None:
+def check_tensor(name: str, t, dtypes, device: torch.device) -> None:
+    """Raise a clear error unless `t` is a contiguous tensor of one of `dtypes` on `device` (TypeError, RuntimeError,
+    ValueError); the contiguous and the paged checks share it."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -66,20 +68,20 @@ def check_kv_cache(kv_cache, kv_format: str, device: torch.device) -> int:
     """Validate one cache format; returns its number of KV rows."""
     check_kv_format(kv_format)
     if kv_format == "bf16":
-        _check_tensor("kv_cache (bf16)", kv_cache, (torch.bfloat16,), device)
+        check_tensor("kv_cache (bf16)", kv_cache, (torch.bfloat16,), device)
         _check_kv_rows("kv_cache (bf16)", kv_cache, QK_HEAD_DIM)
         return kv_cache.shape[0]
     if kv_format == "fp8":
         data, scale = _unpack_pair(kv_cache, kv_format, "data, scale")
-        _check_tensor("fp8 kv data", data, (FP8_DTYPE,), device)
+        check_tensor("fp8 kv data", data, (FP8_DTYPE,), device)
         _check_kv_rows("fp8 kv data", data, QK_HEAD_DIM)
-        _check_tensor("fp8 kv scale", scale, (torch.float32,), device)
+        check_tensor("fp8 kv scale", scale, (torch.float32,), device)
         _check_shape("fp8 kv scale", scale, (1,))
         return data.shape[0]
     packed, scales = _unpack_pair(kv_cache, kv_format, "packed codes, e8m0 scales")
-    _check_tensor("mxfp4 packed codes", packed, _PACKED_FP4_DTYPES, device)
+    check_tensor("mxfp4 packed codes", packed, PACKED_FP4_DTYPES, device)
     _check_kv_rows("mxfp4 packed codes", packed, MXFP4_PACKED_ROW_BYTES)
-    _check_tensor("mxfp4 scales", scales, _E8M0_DTYPES, device)
+    check_tensor("mxfp4 scales", scales, E8M0_DTYPES, device)
     num_rows = packed.shape[0]
     if tuple(scales.shape) != mxfp4_scale_shape(num_rows):
         raise ValueError(f"mxfp4 scales must have the padded shape {mxfp4_scale_shape(num_rows)} for {num_rows} KV "
@@ -125,8 +127,8 @@ def _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr):
     if kv_format == "fp8":
         rows = _rows_if_valid_rows(data, (FP8_DTYPE,), QK_HEAD_DIM, device)
         return rows if aux.dtype == torch.float32 and aux.shape == (1,) else None
-    rows = _rows_if_valid_rows(data, _PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
-    return rows if rows is not None and aux.dtype in _E8M0_DTYPES and aux.shape == mxfp4_scale_shape(rows) else None
+    rows = _rows_if_valid_rows(data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
+    return rows if rows is not None and aux.dtype in E8M0_DTYPES and aux.shape == mxfp4_scale_shape(rows) else None
 
 
 def _rows_if_valid_rows(t, dtypes, row_width, device):
@@ -143,14 +145,14 @@ def _explain_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out):
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     device = q.device
-    _check_tensor("q", q, (torch.bfloat16,), device)
+    check_tensor("q", q, (torch.bfloat16,), device)
     if q.dim() != 3 or q.shape[2] != QK_HEAD_DIM:
         raise ValueError(f"q must have shape (total_q, num_heads, {QK_HEAD_DIM}), got {tuple(q.shape)}")
     if q.shape[1] not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"q has {q.shape[1]} heads; supported: {SUPPORTED_NUM_HEADS}")
     num_kv_rows = check_kv_cache(kv_cache, kv_format, device)
     for name, indptr in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr)):
-        _check_tensor(name, indptr, (INDPTR_DTYPE,), device)
+        check_tensor(name, indptr, (INDPTR_DTYPE,), device)
         if indptr.dim() != 1:
             raise ValueError(f"{name} must be 1-D (batch + 1,), got shape {tuple(indptr.shape)}")
         if indptr.shape[0] < 2:
@@ -159,7 +161,7 @@ def _explain_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out):
         raise ValueError(f"qo_indptr and kv_indptr describe different batch sizes: "
                          f"{qo_indptr.shape[0] - 1} vs {kv_indptr.shape[0] - 1}")
     if out is not None:
-        _check_tensor("out", out, (torch.bfloat16,), device)
+        check_tensor("out", out, (torch.bfloat16,), device)
         _check_shape("out", out, (q.shape[0], q.shape[1], V_HEAD_DIM))
     return num_kv_rows
 
