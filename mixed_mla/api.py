@@ -42,8 +42,7 @@ class DecodePlan:
     _run: object = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        make = backends.spec(self.plan.backend).workspace
-        workspace = None if make is None else make(self.plan, self.max_total_q, self.num_heads, self.device)
+        workspace = backends.plan_workspace(self.plan, self.max_total_q, self.num_heads, self.device)
         run = self.backend.run if workspace is None else functools.partial(self.backend.run, workspace=workspace)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "_run", run)

@@ -129,9 +129,7 @@ class PagedDecodePlan:
     workspace: object = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        make = backends.spec(self.plan.backend).workspace
-        workspace = None if make is None else make(self.plan, self.batch * self.max_q_len, self.num_heads,
-                                                   self.device)
+        workspace = backends.plan_workspace(self.plan, self.batch * self.max_q_len, self.num_heads, self.device)
         object.__setattr__(self, "workspace", workspace)
 
     @property

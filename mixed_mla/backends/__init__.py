@@ -81,6 +81,13 @@ def spec(name: str) -> BackendSpec:
     return declared
 
 
+def plan_workspace(plan, max_total_q: int, num_heads: int, device):
+    """What the plan's backend needs made at plan time (its SPEC.workspace), or None when it needs nothing: the one
+    place a DecodePlan and a PagedDecodePlan get the workspace they own."""
+    make = spec(plan.backend).workspace
+    return None if make is None else make(plan, max_total_q, num_heads, device)
+
+
 def native_backends(arch: str) -> tuple:
     """The compiled backends native to `arch`, in order of preference (registry order)."""
     return tuple(name for name in BACKEND_NAMES if arch in spec(name).archs)
