@@ -1,9 +1,10 @@
 // The fastest plain read of a byte range we can write on sm_90a: the protocol probe's "what reading these bytes
 // costs" (protocol_floor.py), so a decode's time can be set against the read alone under eval.py's flush.
-// Every thread keeps kLoadsInFlight 16-byte streaming loads outstanding over a grid-stride walk and folds them into
-// one word, stored only if it matches a value no input has (the load cannot be optimised away, nothing is written).
-// A chunked read has our decode's grid (one contiguous piece per CTA), and an empty kernel the launch alone, both
-// under the same timing.
+// Every thread keeps kLoadsInFlight 16-byte streaming loads outstanding (the last batch predicated, so a short range
+// still has them all in flight) and folds them into one word, stored only if it matches a value no input has (the
+// loads cannot be optimised away, nothing is written).
+// Three launches share the loads: a grid-stride read (any grid size), a read in our decode's grid (each CTA reads
+// the bytes the decode's CTA of the same index reads), and an empty kernel (the launch alone).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -shared -Xcompiler -fPIC -o stream_read.so stream_read.cu
 #include <cuda_runtime.h>
@@ -15,19 +16,19 @@ constexpr int kThreads = 512;
 constexpr int kLoadsInFlight = 8;
 constexpr uint32_t kNeverFolded = 0x9e3779b9u;
 
-// Vectors i, i + stride, ... below `end` with kLoadsInFlight streaming loads outstanding, folded into one word.
-__device__ __forceinline__ uint32_t fold_vectors(const uint4* __restrict__ data, size_t i, size_t end, size_t stride) {
+// Vectors *at(i), *at(i + stride), ... for indices below `end`, kLoadsInFlight outstanding, folded into one word.
+template <class At>
+__device__ __forceinline__ uint32_t fold_vectors(At at, size_t i, size_t end, size_t stride) {
   uint32_t folded = 0;
-  for (; i + (kLoadsInFlight - 1) * stride < end; i += kLoadsInFlight * stride) {
+  for (; i < end; i += kLoadsInFlight * stride) {
     uint4 v[kLoadsInFlight];
 #pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) v[k] = __ldcs(data + i + k * stride);
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const size_t j = i + k * stride;
+      v[k] = j < end ? __ldcs(at(j)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
     for (int k = 0; k < kLoadsInFlight; ++k) folded ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  for (; i < end; i += stride) {
-    const uint4 v = __ldcs(data + i);
-    folded ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   return folded;
 }
@@ -36,20 +37,30 @@ __global__ void __launch_bounds__(kThreads) stream_read_kernel(const uint4* __re
                                                                const uint8_t* __restrict__ tail, size_t tail_bytes,
                                                                uint32_t* sink) {
   const size_t t = (size_t)blockIdx.x * kThreads + threadIdx.x;
-  uint32_t folded = fold_vectors(data, t, vectors, (size_t)gridDim.x * kThreads);
+  uint32_t folded = fold_vectors([&](size_t j) { return data + j; }, t, vectors,
+                                 (size_t)gridDim.x * kThreads);
   if (t < tail_bytes) folded ^= tail[t];
   if (folded == kNeverFolded) *sink = folded;
 }
 
-// The same loads in the shape of our decode's grid: the range cut into `chunks` contiguous pieces (a decode CTA reads
-// one split of one row), one CTA each, its threads walking their piece together. Beside the grid-stride read it
-// says what reading the bytes costs under that mapping, arithmetic apart.
-__global__ void __launch_bounds__(kThreads) chunked_read_kernel(const uint4* __restrict__ data, size_t vectors,
-                                                                int chunks, uint32_t* sink) {
-  const size_t per_chunk = (vectors + chunks - 1) / chunks;
-  const size_t begin = (size_t)blockIdx.x * per_chunk;
-  const size_t end = begin + per_chunk < vectors ? begin + per_chunk : vectors;
-  const uint32_t folded = fold_vectors(data, begin + threadIdx.x, end, kThreads);
+// Our decode's grid: CTA (x, y, z) is the decode's CTA (split, query row x head group, segment), and reads what that
+// CTA reads of the cache: ranges[4 * cta] = {first, end} 16-byte vectors of the data (codes), then {first, end} of
+// the block scales (an empty range for a cache without them), cta counted x fastest as the hardware launches them
+// (benchmarks/sm90/decode_grid.py computes the ranges). The two ranges are walked as one, so a CTA's scale loads
+// are in flight with its code loads, as the decode's tiles carry both.
+__global__ void __launch_bounds__(kThreads) plan_grid_read_kernel(const uint4* __restrict__ data,
+                                                                  const uint4* __restrict__ scales,
+                                                                  const long long* __restrict__ ranges,
+                                                                  uint32_t* sink) {
+  const size_t cta = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+  const longlong2 data_range = reinterpret_cast<const longlong2*>(ranges)[2 * cta];
+  const longlong2 scale_range = reinterpret_cast<const longlong2*>(ranges)[2 * cta + 1];
+  const size_t data_vectors = data_range.y - data_range.x, scale_vectors = scale_range.y - scale_range.x;
+  const uint4* data_first = data + data_range.x;
+  const uint4* scale_first = scales + scale_range.x - data_vectors;   // indexed by j >= data_vectors only
+  const uint32_t folded = fold_vectors(
+      [&](size_t j) { return j < data_vectors ? data_first + j : scale_first + j; },
+      threadIdx.x, data_vectors + scale_vectors, kThreads);
   if (folded == kNeverFolded) *sink = folded;
 }
 
@@ -66,10 +77,13 @@ extern "C" int stream_read(const void* data, size_t bytes, int ctas, void* sink,
   return cudaGetLastError();
 }
 
-// Reads the whole 16-byte vectors of `bytes` from `data` in `chunks` contiguous pieces, one CTA each.
-extern "C" int chunked_read(const void* data, size_t bytes, int chunks, void* sink, void* stream) {
-  chunked_read_kernel<<<chunks, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const uint4*>(data), bytes / sizeof(uint4), chunks, static_cast<uint32_t*>(sink));
+// Reads, in a grid of splits x rows x batch CTAs, each CTA's ranges (4 int64 per CTA on the device, see
+// plan_grid_read_kernel) of `data` and `scales` (both 16-byte aligned; scales may be null when every scale range
+// is empty).
+extern "C" int plan_grid_read(const void* data, const void* scales, const long long* ranges, int splits, int rows,
+                              int batch, void* sink, void* stream) {
+  plan_grid_read_kernel<<<dim3(splits, rows, batch), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const uint4*>(data), static_cast<const uint4*>(scales), ranges, static_cast<uint32_t*>(sink));
   return cudaGetLastError();
 }
 
