@@ -17,7 +17,7 @@
 # torch and python the GPU machine runs (C++ ABI, pybind11 module ABI), not this machine's CPU torch. So this
 # script downloads the torch ${TORCH_VERSION} wheel for cp312 from PyPI (only its headers and libraries are
 # unpacked, nothing is installed), takes Python.h from a local python 3.12, and runs nvcc/g++ with the flags of
-# the packages' own builds (sm_90a only). No GPU here: the driver library is an empty stub with its soname.
+# the packages' own builds (sm_90a only). Their kernels use the CUDA runtime alone, so no driver library is needed.
 #
 # Needs here: the git mirrors of the three repositories (the `fetch` tool; paths below, or FLASHMLA_GIT,
 # VLLM_FLASHMLA_GIT, CUTLASS_GIT), python 3.12 with its headers (PYTHON312), pip, nvcc 13.0 at /usr/local/cuda.
@@ -70,10 +70,6 @@ fi
 grep -q "__version__ = '$TORCH_VERSION+cu130'" "$TORCH_ROOT/torch/version.py" ||
     { echo "the torch wheel is not $TORCH_VERSION+cu130" >&2; exit 1; }
 
-mkdir -p "$WORK/stub"
-echo "" > "$WORK/stub/empty.c"
-gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$WORK/stub/libcuda.so" "$WORK/stub/empty.c"
-
 # Sources at the pinned commits, with the cutlass submodule laid where the packages expect it.
 extract() {  # extract GIT COMMIT CUTLASS_COMMIT DEST PATHS...
     local git=$1 commit=$2 cutlass=$3 dest=$4
@@ -117,7 +113,7 @@ link() {  # link OUT.so OBJECTS...: against the wheel's torch libraries (found b
     local out=$1
     shift
     g++ -shared -s -o "$out" "$@" -L"$TORCH_ROOT/torch/lib" -lc10 -ltorch -ltorch_cpu -ltorch_python -lc10_cuda \
-        -ltorch_cuda -L"$CUDA/lib64" -lcudart -L"$WORK/stub" -lcuda
+        -ltorch_cuda -L"$CUDA/lib64" -lcudart
 }
 
 run_jobs() {  # run_jobs CMD...: each argument a command line, two at a time (this machine's cores)
@@ -131,17 +127,18 @@ run_jobs() {  # run_jobs CMD...: each argument a command line, two at a time (th
     return $failed
 }
 
-# FlashMLA dense (bf16): C++20 as its setup.py; the kernel files first (the long ones).
+# FlashMLA dense (bf16): C++20 and its ptxas register option, as its setup.py; the kernel file first (the long one).
 SRC=$WORK/flashmla/csrc
 MLA_FLAGS=(-std=c++20 -DFLASH_MLA_DISABLE_FP16 -DTORCH_EXTENSION_NAME=cuda -I"$SRC" -I"$SRC/kerutils/include"
            -I"$SRC/sm90" -I"$SRC/cutlass/include" -I"$SRC/cutlass/tools/util/include")
+MLA_PTXAS=--ptxas-options=--register-usage-level=10
 OBJ=$WORK/obj_flashmla
 rm -rf "$OBJ" && mkdir -p "$OBJ"
 start=$SECONDS
 run_jobs \
-    "compile $OBJ/bf16.o $SRC/sm90/decode/dense/instantiations/bf16.cu \${MLA_FLAGS[@]} --ptxas-options=--register-usage-level=10" \
-    "compile $OBJ/sched.o $SRC/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu \${MLA_FLAGS[@]}" \
-    "compile $OBJ/combine.o $SRC/smxx/decode/combine/combine.cu \${MLA_FLAGS[@]}" \
+    "compile $OBJ/bf16.o $SRC/sm90/decode/dense/instantiations/bf16.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile $OBJ/sched.o $SRC/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile $OBJ/combine.o $SRC/smxx/decode/combine/combine.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
     "compile $OBJ/binding.o $BINDING \${MLA_FLAGS[@]}"
 rm -rf "$WORK/pkg_flashmla" && mkdir -p "$WORK/pkg_flashmla"
 cp -r "$WORK/flashmla/flash_mla" "$WORK/pkg_flashmla/"
