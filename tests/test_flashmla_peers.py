@@ -30,7 +30,7 @@ def test_missing_build_is_a_reason_not_a_crash(peer, monkeypatch):
     assert peer.version().startswith("not importable")
 
 
-def test_peers_are_listed_with_their_versions():
+def test_peers_are_listed_and_their_builds_reported():
     labels = {impl.label for impl in implementations([]) if not impl.ours}
     assert {flashmla.NAME, vllm_flashmla_fp8.NAME} <= labels
     assert set(STAGED_PEERS.values()) <= set(PEERS)
