@@ -48,7 +48,8 @@ def markdown(results) -> str:
     env, records = results["environment"], results["records"]
     lines = [f"# MLA decode, peers side by side: {env['gpu']}", ""]
     lines.append(f"{env['date_utc']}; commit {env['commit']}; torch {env['torch']} (CUDA {env['cuda']}); "
-                 f"driver {env.get('driver', 'n/a')}; FlashInfer {env['flashinfer']}.")
+                 f"driver {env.get('driver', 'n/a')}; FlashInfer {env['flashinfer']}; "
+                 f"FlashMLA {env.get('flashmla', 'not run')}; vLLM FlashMLA {env.get('vllm_flashmla', 'not run')}.")
     lines.append(f"q_len 1, 16 heads, uniform lengths. Floor = the path's bytes (cache in its format + Q + output) "
                  f"over {env['copy_bandwidth_TBps']:.2f} TB/s, a device copy measured at the start of this run "
                  f"(docs/problem.md: {env['reference_bandwidth_TBps']} TB/s).")

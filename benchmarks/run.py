@@ -1,4 +1,4 @@
-"""The peers table: our decode paths, FlashInfer's MLA decode, plain torch and the HBM floor, side by side.
+"""The peers table: our decode paths, FlashInfer's and FlashMLA's MLA decodes, plain torch and the HBM floor.
 
     python -m benchmarks                               # on the GPU: 8 benchmark shapes + sweep -> results/peers/
     python -m benchmarks --out /tmp/b --shapes 2x64    # CPU smoke (torch backend, no sweep)
@@ -24,7 +24,7 @@ from mixed_mla.exact import STRICT_BOUND, exact_attention, relative_l2
 
 from . import floors, provenance, report
 from .inputs import make_inputs
-from .peers import flashinfer_mla, implementations
+from .peers import STAGED_PEERS, implementations
 from .shapes import SWEEP_BATCHES, SWEEP_KV_LENS, SWEEP_MAX_ROWS, parse_ints, parse_shapes, sweep_shapes
 from .timing import KernelTimer
 
@@ -128,7 +128,7 @@ def run(args, extra_implementations=()) -> dict:
     timer = KernelTimer(device, budget_s=args.budget_ms / 1e3, min_reps=args.min_reps, max_reps=args.max_reps)
     bytes_per_s = floors.measure_copy_bandwidth(device, timer)
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 0
-    env = provenance.environment(device, flashinfer=flashinfer_mla.version(),
+    env = provenance.environment(device, **{key: peer.version() for key, peer in STAGED_PEERS.items()},
                                  copy_bandwidth_TBps=round(bytes_per_s / 1e12, 3),
                                  reference_bandwidth_TBps=floors.H200_MEASURED_TBPS)
     (out_dir / "env.json").write_text(json.dumps(env, indent=1) + "\n")

@@ -1,4 +1,5 @@
-"""What the peers table compares: our decode paths, FlashInfer's MLA decode and plain torch.
+"""What the peers table compares: our decode paths, FlashInfer's MLA decode, FlashMLA's dense decode, vLLM's
+dense fp8 FlashMLA decode and plain torch.
 
 A peer module has NAME, `unavailable_reason(device, kv_format) -> str | None` and `prepare(sets, kv_format)`:
 given the rotated input sets of one shape (inputs.DecodeInputs), it does the untimed setup (plans, host scales)
@@ -10,12 +11,17 @@ from typing import Callable
 
 from mixed_mla.constants import KV_FORMATS
 
-from . import flashinfer_mla, ours, torch_plain
+from . import flashinfer_mla, flashmla, ours, torch_plain, vllm_flashmla_fp8
 
 # Our torch backend (the reference path, ~0.1 s a call at (256, 8192)) is timed on benchmark shapes up to
 # (32, 8192) and (256, 1024) only, and not in the sweep.
 TORCH_BACKEND_MAX_ROWS = 1 << 18
 NO_ROW_LIMIT = 1 << 62
+# The peers in table order; each lists every cache format (those it cannot read say why).
+PEERS = (torch_plain, flashinfer_mla, flashmla, vllm_flashmla_fp8)
+# The peers whose build is staged for the GPU machine: their version() (staged commit, or why not importable)
+# goes into env.json and the table's header.
+STAGED_PEERS = {"flashinfer": flashinfer_mla, "flashmla": flashmla, "vllm_flashmla": vllm_flashmla_fp8}
 
 
 @dataclass(frozen=True)
@@ -43,8 +49,8 @@ def implementations(our_backends) -> list:
                 lambda device, f=kv_format, b=backend: ours.unavailable_reason(device, f, b),
                 lambda sets, f=kv_format, b=backend: ours.prepare(sets, f, b),
                 in_sweep=backend != "torch", max_rows=TORCH_BACKEND_MAX_ROWS if backend == "torch" else NO_ROW_LIMIT))
-    # FlashInfer last: a fault in a peer's kernel would poison the CUDA context for whatever runs after it.
-    for peer in (torch_plain, flashinfer_mla):
+    # Foreign kernels last: a fault in a peer's kernel would poison the CUDA context for whatever runs after it.
+    for peer in PEERS:
         for kv_format in KV_FORMATS:
             found.append(Implementation(
                 peer.NAME, kv_format, False,

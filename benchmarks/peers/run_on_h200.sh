@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One H200 run: install the staged FlashInfer (stage_flashinfer.sh, carried as .whl/flashinfer), run the
+# One H200 run: install the staged peers (stage_flashinfer.sh and stage_flashmla.sh, carried as .whl/flashinfer
+# and .whl/flashmla; a missing one becomes "not importable" in the table), run the
 # autotuner when tools/autotune.py exists (it writes mixed_mla/tables/h200.json, which the bench's plans then
 # use), then the benchmark. Arguments go to `python -m benchmarks`; AUTOTUNE_ARGS to the autotuner, bounded by
 # AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs,
@@ -11,17 +12,25 @@ if [ -z "${OUT:-}" ]; then
     rm -rf "$OUT"
 fi
 STAGE=.whl/flashinfer
+FLASHMLA_STAGE=.whl/flashmla
+SITE=/tmp/site
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT"
+mkdir -p "$OUT" "$SITE"
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 
 if [ -f "$STAGE/flashinfer_mla_sm90.tar.xz" ]; then
-    mkdir -p /tmp/site
-    tar -xJf "$STAGE/flashinfer_mla_sm90.tar.xz" -C /tmp/site &&
-        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$STAGE"/apache_tvm_ffi-*.whl &&
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    tar -xJf "$STAGE/flashinfer_mla_sm90.tar.xz" -C "$SITE" &&
+        python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$STAGE"/apache_tvm_ffi-*.whl
 else
     echo "no staged FlashInfer in $STAGE: the table will say it is not importable"
 fi
+for archive in flash_mla_dense_sm90.tar.xz vllm_flashmla_fp8_sm90.tar.xz; do
+    if [ -f "$FLASHMLA_STAGE/$archive" ]; then
+        tar -xJf "$FLASHMLA_STAGE/$archive" -C "$SITE"
+    else
+        echo "no $archive in $FLASHMLA_STAGE: the table will say it is not importable"
+    fi
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
     > "$OUT/nvidia-smi.txt" 2>&1
 
