@@ -2,8 +2,8 @@
 # Stage two FlashMLA decodes for the GPU machine (no network, python 3.12, torch 2.11.0+cu130, 64 MiB per call):
 #
 #   FlashMLA's own dense Hopper decode (bf16 KV, page size 64) at deepseek-ai/FlashMLA ${FLASHMLA_COMMIT}: the newest
-#     main commit of the snapshot we can read (2026-04-29), which still has csrc/sm90/decode/dense (it is removed
-#     later upstream). Built: its dense decode, scheduler and combine kernels (bf16 only: FLASH_MLA_DISABLE_FP16)
+#     main commit of the snapshot we can read (2026-04-29, the snapshot ends 2026-05-10), which still has
+#     csrc/sm90/decode/dense (issue 25 reports its removal upstream around 2026-09, past what we can read). Built: its dense decode, scheduler and combine kernels (bf16 only: FLASH_MLA_DISABLE_FP16)
 #     with our flashmla_dense_binding.cpp in place of its api.cpp, which also binds the sparse and sm100 kernels.
 #     -> .whl/flashmla/flash_mla_dense_sm90.tar.xz: the flash_mla package (its two Python files + cuda.*.so)
 #   vLLM's dense fp8 MLA decode, vllm-project/FlashMLA ${VLLM_FLASHMLA_COMMIT} (its main, 2025-10-22):
