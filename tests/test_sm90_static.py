@@ -5,7 +5,6 @@ Runs in CI on the CPU machine (nvcc only, no GPU); skipped where nvcc is absent.
 parser ptxas lines with a spill and with too many registers, and the lookup check a changed bit, so each check is
 shown able to fail.
 """
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import sm90_report  # noqa: E402
 
-NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+NVCC = sm90_report.find_nvcc()
 
 _LOG = """ptxas info    : Compiling entry function '_ZN8mla_sm9019decode_split_kernelILi1EEEvNS_12DecodeParamsE' for 'sm_90a'
 ptxas info    : Function properties for _ZN8mla_sm9019decode_split_kernelILi1EEEvNS_12DecodeParamsE

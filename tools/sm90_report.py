@@ -119,11 +119,15 @@ def assess(reports: list, dynamic_smem: dict) -> list:
     return reports
 
 
+def find_nvcc():
+    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    nvcc = find_nvcc()
     if nvcc is None:
         print("nvcc not found", file=sys.stderr)
         return 2
