@@ -24,7 +24,7 @@ def test_unavailable_on_cpu_in_every_format(peer):
 @pytest.mark.parametrize("peer", FLASHMLA_PEERS)
 def test_missing_build_is_a_reason_not_a_crash(peer, monkeypatch):
     # As on a Hopper GPU without the staged build: the import failure is what the table reports.
-    monkeypatch.setattr(peer, "hopper_reason", lambda device, name: None)
+    monkeypatch.setattr(flashmla_pages, "hopper_reason", lambda device, name: None)
     reason = peer.unavailable_reason("cpu", READS[peer])
     assert "not importable" in reason
     assert peer.version().startswith("not importable")

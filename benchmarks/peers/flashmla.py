@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mixed_mla.constants import DEFAULT_SM_SCALE, V_HEAD_DIM
 
-from .flashmla_pages import as_pages, batched_queries, hopper_reason, keep_output, paged_view
+from .flashmla_pages import as_pages, batched_queries, keep_output, paged_view, unavailable
 
 NAME = "FlashMLA dense"
 STAGED_FROM = "STAGED_FROM"   # the file stage_flashmla.sh writes into the package: repository@commit
@@ -28,14 +28,12 @@ def unavailable_reason(device, kv_format):
     if kv_format != "bf16":
         return (f"FlashMLA's dense decode reads bf16 (or fp16) caches only, not {kv_format}; its fp8 decodes "
                 f"are sparse (656-byte rows, top-k indices)")
-    reason = hopper_reason(device, NAME)
-    if reason is not None:
-        return reason
-    try:
-        import flash_mla  # noqa: F401
-    except Exception as error:
-        return f"flash_mla is not importable: {type(error).__name__}: {error}"
-    return None
+    return unavailable(device, NAME, _load)
+
+
+def _load():
+    import flash_mla
+    return flash_mla
 
 
 def prepare(sets, kv_format):

@@ -1,4 +1,5 @@
-"""What both FlashMLA-based peers share: the paged view of our contiguous cache they read, and the Hopper check.
+"""What both FlashMLA-based peers share: the paged view of our contiguous cache they read, and the Hopper and
+import checks.
 
 FlashMLA's dense decodes (its own bf16 one and vLLM's fp8 one) take the cache as pages of 64 rows with a block
 table. With uniform lengths (every benchmark shape) and kv_len a multiple of 64, our (total_kv, 1, 576) cache is
@@ -26,6 +27,18 @@ def hopper_reason(device, peer):
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) != (9, 0):
         return f"{peer}'s dense decode needs sm_90a (Hopper); this GPU is sm_{major}{minor}"
+    return None
+
+
+def unavailable(device, peer, load):
+    """None when `peer` can run on `device` and `load()` imports its module, else why not."""
+    reason = hopper_reason(device, peer)
+    if reason is not None:
+        return reason
+    try:
+        load()
+    except Exception as error:  # any import failure is a reason to report, not to crash the benchmark
+        return f"{peer} is not importable: {type(error).__name__}: {error}"
     return None
 
 

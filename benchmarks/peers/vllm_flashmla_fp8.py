@@ -14,7 +14,7 @@ import torch
 from mixed_mla.constants import DEFAULT_SM_SCALE, V_HEAD_DIM
 from mixed_mla.formats import quantize_fp8
 
-from .flashmla_pages import as_pages, batched_queries, hopper_reason, keep_output, paged_view
+from .flashmla_pages import as_pages, batched_queries, keep_output, paged_view, unavailable
 
 NAME = "vLLM FlashMLA"
 MODULE = "vllm_flashmla._flashmla_extension_C"   # where stage_flashmla.sh puts vLLM's extension
@@ -41,14 +41,7 @@ def unavailable_reason(device, kv_format):
     if kv_format != "fp8":
         return (f"vLLM's dense FlashMLA extension reads fp8 e4m3 caches only, not {kv_format} (vLLM's bf16 "
                 f"decode is FlashMLA's own dense one)")
-    reason = hopper_reason(device, NAME)
-    if reason is not None:
-        return reason
-    try:
-        _load()
-    except Exception as error:
-        return f"{MODULE} is not importable: {type(error).__name__}: {error}"
-    return None
+    return unavailable(device, NAME, _load)
 
 
 def prepare(sets, kv_format):
