@@ -1,8 +1,8 @@
 """What a run measured and where its results go: the commit, the device and software, the results folder.
 
 Results live in benchmarks/results/<kind>/ (release, peers, protocol, host, planner, format_error): one folder per
-kind, holding the latest run only. A new run replaces the folder (a probe: its file); git keeps the history, and the commit message
-says what changed.
+kind, holding the latest run only. A new run replaces the folder (a probe: its file); git keeps the history, and the
+commit message says what changed.
 """
 import datetime
 import os
