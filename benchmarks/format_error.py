@@ -14,10 +14,8 @@ Writes table.md and results.json to benchmarks/results/format_error/ (replaced; 
 """
 import argparse
 import json
-import math
 from pathlib import Path
-
-import torch
+from statistics import geometric_mean
 
 from mixed_mla.exact import exact_attention, relative_l2
 
@@ -66,7 +64,7 @@ def summary(records) -> dict:
     for kv_format in QUANTISED_FORMATS:
         errors = [r["error_vs_bf16"][kv_format] for r in records]
         result[kv_format] = {"bytes_per_token": KV_ROW_BYTES[kv_format], "min": min(errors), "max": max(errors),
-                             "geomean": math.exp(sum(math.log(e) for e in errors) / len(errors))}
+                             "geomean": geometric_mean(errors)}
     return result
 
 

@@ -95,7 +95,6 @@ def test_other_plans_and_formats_are_refused():
         cta_vector_ranges(Shape(4, 1024), Plan("cuda_sm90", "fp8", 1), "fp16")
 
 
-
 def test_the_probe_refuses_a_cache_shorter_than_its_grid_and_reports_ratios_and_geomeans():
     """protocol_floor's host side (its launches need the GPU): a cache shorter than the rows the grid reads is
     refused before any launch, and the table's ratios and per-format geomeans are those of its rows."""

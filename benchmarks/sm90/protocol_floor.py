@@ -27,12 +27,12 @@ Prints the tables and writes them to benchmarks/results/protocol/probe.txt (--ou
 """
 import argparse
 import ctypes
-import math
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import geometric_mean
 
 import torch
 
@@ -75,11 +75,6 @@ def checked(err: int) -> None:
 def zero_output(data):
     q = data[0]
     return torch.zeros(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device)
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def plan_grid_read(probe, sink, shape, plan, kv_format, cache):
@@ -148,7 +143,7 @@ def plan_grid_lines(rows, repeats) -> list:
                      f"{r.read_eval:10.2f} {r.decode_eval / r.read_eval:6.2f}")
     for kv_format in PLAN_GRID_FORMATS:
         mine = [r for r in rows if r.kv_format == kv_format]
-        means = {field: geomean(getattr(r, field) for r in mine)
+        means = {field: geometric_mean(getattr(r, field) for r in mine)
                  for field in ("decode_kernel", "read_kernel", "decode_eval", "read_eval")}
         lines.append(f"geomean {kv_format}: kernel decode {means['decode_kernel']:.2f}, bare read "
                      f"{means['read_kernel']:.2f} (ratio {means['decode_kernel'] / means['read_kernel']:.2f}); eval "
@@ -212,7 +207,7 @@ def main():
     for name, zero, empty, ours, ours_clean, read, read_clean, ctas, read_mxfp4, floor in rows:
         lines.append(f"{name:>10} {zero:12.2f} {empty:13.2f} {ours:11.2f} {ours_clean:11.2f} {read:11.2f} "
                      f"{read_clean:11.2f} {ctas:8d} {read_mxfp4:17.2f} {floor:10.2f}")
-    means = [geomean(row[i] for row in rows) for i in (3, 5, 8)]
+    means = [geometric_mean(row[i] for row in rows) for i in (3, 5, 8)]
     lines.append(f"geomean: ours dirty {means[0]:.2f}, read dirty {means[1]:.2f}, "
                  f"read mxfp4 bytes dirty {means[2]:.2f}")
     lines += ["", *plan_grid_lines(plan_grid_rows(probe, sink, device, args.repeats), args.repeats)]
