@@ -3,8 +3,9 @@
 #
 #   FlashMLA's own dense Hopper decode (bf16 KV, page size 64) at deepseek-ai/FlashMLA ${FLASHMLA_COMMIT}: the newest
 #     main commit of the snapshot we can read (2026-04-29, the snapshot ends 2026-05-10), which still has
-#     csrc/sm90/decode/dense (issue 25 reports its removal upstream around 2026-09, past what we can read). Built: its dense decode, scheduler and combine kernels (bf16 only: FLASH_MLA_DISABLE_FP16)
-#     with our flashmla_dense_binding.cpp in place of its api.cpp, which also binds the sparse and sm100 kernels.
+#     csrc/sm90/decode/dense (issue 25 reports its removal upstream around 2026-09, past what we can read).
+#     Built: its dense decode, scheduler and combine kernels (bf16 only: FLASH_MLA_DISABLE_FP16) with our
+#     flashmla_dense_binding.cpp in place of its api.cpp, which also binds the sparse and sm100 kernels.
 #     -> .whl/flashmla/flash_mla_dense_sm90.tar.xz: the flash_mla package (its two Python files + cuda.*.so)
 #   vLLM's dense fp8 MLA decode, vllm-project/FlashMLA ${VLLM_FLASHMLA_COMMIT} (its main, 2025-10-22):
 #     csrc/extension/sm90/dense_fp8, built as vLLM's CMake builds it (the four sources of its
@@ -116,6 +117,20 @@ link() {  # link OUT.so OBJECTS...: against the wheel's torch libraries (found b
         -ltorch_cuda -L"$CUDA/lib64" -lcudart
 }
 
+# build NAME OBJ PKG TOP MODULE VERSION ARCHIVE JOB...: the compile jobs into OBJ (fresh), their objects linked as
+# PKG/TOP/MODULE (PKG/TOP as the caller prepared it), VERSION in PKG/TOP/STAGED_FROM (what the peers table names),
+# PKG/TOP archived as $STAGE/ARCHIVE; NAME's wall time goes to $TIMES.
+build() {
+    local name=$1 obj=$2 pkg=$3 top=$4 module=$5 version=$6 archive=$7 start=$SECONDS
+    shift 7
+    rm -rf "$obj" && mkdir -p "$obj"
+    OBJ=$obj run_jobs "$@"
+    link "$pkg/$top/$module" "$obj"/*.o
+    echo "$version" > "$pkg/$top/STAGED_FROM"
+    echo "$name: $((SECONDS - start)) s" >> "$TIMES"
+    tar -C "$pkg" -cJf "$STAGE/$archive" "$top"
+}
+
 run_jobs() {  # run_jobs CMD...: each argument a command line, two at a time (this machine's cores)
     local pids=() failed=0
     for job in "$@"; do
@@ -132,42 +147,30 @@ SRC=$WORK/flashmla/csrc
 MLA_FLAGS=(-std=c++20 -DFLASH_MLA_DISABLE_FP16 -DTORCH_EXTENSION_NAME=cuda -I"$SRC" -I"$SRC/kerutils/include"
            -I"$SRC/sm90" -I"$SRC/cutlass/include" -I"$SRC/cutlass/tools/util/include")
 MLA_PTXAS=--ptxas-options=--register-usage-level=10
-OBJ=$WORK/obj_flashmla
-rm -rf "$OBJ" && mkdir -p "$OBJ"
-start=$SECONDS
-run_jobs \
-    "compile $OBJ/bf16.o $SRC/sm90/decode/dense/instantiations/bf16.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
-    "compile $OBJ/sched.o $SRC/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
-    "compile $OBJ/combine.o $SRC/smxx/decode/combine/combine.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
-    "compile $OBJ/binding.o $BINDING \${MLA_FLAGS[@]}"
 rm -rf "$WORK/pkg_flashmla" && mkdir -p "$WORK/pkg_flashmla"
 cp -r "$WORK/flashmla/flash_mla" "$WORK/pkg_flashmla/"
-link "$WORK/pkg_flashmla/flash_mla/cuda$EXT_SUFFIX" "$OBJ"/*.o
-# What the table's header names as this peer's version (flashmla.py reads it).
-echo "deepseek-ai/FlashMLA@${FLASHMLA_COMMIT:0:7} (sm90 dense bf16; nvcc 13.0, torch $TORCH_VERSION)" \
-    > "$WORK/pkg_flashmla/flash_mla/STAGED_FROM"
-echo "FlashMLA dense: $((SECONDS - start)) s" >> "$TIMES"
-tar -C "$WORK/pkg_flashmla" -cJf "$STAGE/flash_mla_dense_sm90.tar.xz" flash_mla
+build "FlashMLA dense" "$WORK/obj_flashmla" "$WORK/pkg_flashmla" flash_mla "cuda$EXT_SUFFIX" \
+    "deepseek-ai/FlashMLA@${FLASHMLA_COMMIT:0:7} (sm90 dense bf16; nvcc 13.0, torch $TORCH_VERSION)" \
+    flash_mla_dense_sm90.tar.xz \
+    "compile \$OBJ/bf16.o $SRC/sm90/decode/dense/instantiations/bf16.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile \$OBJ/sched.o $SRC/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile \$OBJ/combine.o $SRC/smxx/decode/combine/combine.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile \$OBJ/binding.o $BINDING \${MLA_FLAGS[@]}"
 
 # vLLM's dense fp8: C++17 as vLLM's CMake (its CMAKE_CXX_STANDARD) for this target.
 SRC=$WORK/vllm_flashmla/csrc
 FP8_FLAGS=(-std=c++17 -DTORCH_EXTENSION_NAME=_flashmla_extension_C -I"$SRC" -I"$SRC/extension/sm90/dense_fp8"
            -I"$SRC/cutlass/include" -I"$SRC/cutlass/tools/util/include")
-OBJ=$WORK/obj_vllm_fp8
-rm -rf "$OBJ" && mkdir -p "$OBJ"
-start=$SECONDS
-run_jobs \
-    "compile $OBJ/fp8.o $SRC/extension/sm90/dense_fp8/flash_fwd_mla_fp8_sm90.cu \${FP8_FLAGS[@]}" \
-    "compile $OBJ/metadata.o $SRC/extension/sm90/dense_fp8/flash_fwd_mla_metadata.cu \${FP8_FLAGS[@]}" \
-    "compile $OBJ/pybind.o $SRC/extension/sm90/dense_fp8/pybind.cpp \${FP8_FLAGS[@]}" \
-    "compile $OBJ/torch_api.o $SRC/extension/torch_api.cpp \${FP8_FLAGS[@]}"
 # A folder of its own (a namespace package: vllm_flashmla._flashmla_extension_C), as vLLM keeps it in vllm/.
 rm -rf "$WORK/pkg_vllm_fp8" && mkdir -p "$WORK/pkg_vllm_fp8/vllm_flashmla"
-link "$WORK/pkg_vllm_fp8/vllm_flashmla/_flashmla_extension_C$EXT_SUFFIX" "$OBJ"/*.o
-echo "vllm-project/FlashMLA@${VLLM_FLASHMLA_COMMIT:0:7} (sm90 dense fp8 extension; nvcc 13.0, torch $TORCH_VERSION)" \
-    > "$WORK/pkg_vllm_fp8/vllm_flashmla/STAGED_FROM"
-echo "vLLM FlashMLA dense fp8: $((SECONDS - start)) s" >> "$TIMES"
-tar -C "$WORK/pkg_vllm_fp8" -cJf "$STAGE/vllm_flashmla_fp8_sm90.tar.xz" vllm_flashmla
+build "vLLM FlashMLA dense fp8" "$WORK/obj_vllm_fp8" "$WORK/pkg_vllm_fp8" vllm_flashmla \
+    "_flashmla_extension_C$EXT_SUFFIX" \
+    "vllm-project/FlashMLA@${VLLM_FLASHMLA_COMMIT:0:7} (sm90 dense fp8 extension; nvcc 13.0, torch $TORCH_VERSION)" \
+    vllm_flashmla_fp8_sm90.tar.xz \
+    "compile \$OBJ/fp8.o $SRC/extension/sm90/dense_fp8/flash_fwd_mla_fp8_sm90.cu \${FP8_FLAGS[@]}" \
+    "compile \$OBJ/metadata.o $SRC/extension/sm90/dense_fp8/flash_fwd_mla_metadata.cu \${FP8_FLAGS[@]}" \
+    "compile \$OBJ/pybind.o $SRC/extension/sm90/dense_fp8/pybind.cpp \${FP8_FLAGS[@]}" \
+    "compile \$OBJ/torch_api.o $SRC/extension/torch_api.cpp \${FP8_FLAGS[@]}"
 
 cat "$TIMES"
 ls -la "$STAGE"
