@@ -6,6 +6,7 @@ and its refusals (no loop; no HMMA in any loop). On the real kernels (nvcc and n
 split kernel's tile loop must hold exactly the HMMA a token needs at 16 heads: Q.K over 576 dims and P.V over 512,
 in m16n8k16 steps; a loop finder that picked the wrong loop, or tile sizes that were wrong, would miss it.
 """
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -72,13 +73,12 @@ def test_listings_without_a_tile_loop_are_refused():
 @pytest.mark.skipif(sm90_report.find_nvcc() is None or sm90_budget.find_nvdisasm() is None,
                     reason="needs nvcc and nvdisasm")
 def test_every_split_kernel_loop_holds_the_hmma_of_its_tokens(capsys):
-    result = subprocess.run([sys.executable, str(ROOT / "tools" / "sm90_budget.py")], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(ROOT / "tools" / "sm90_budget.py"), "--json"], capture_output=True,
+                            text=True)
     with capsys.disabled():   # the budget belongs in the CI log
         print("\n" + result.stdout, result.stderr)
     assert result.returncode == 0, result.stderr
-    sass = sm90_budget.disassemble(sm90_report.find_nvcc(), sm90_budget.find_nvdisasm(),
-                                   sm90_report.materialize(sm90_report.KERNEL_DIR))
-    budgets = {name: sm90_budget.budget(name, body) for name, body in sm90_budget.split_kernels(sass)}
+    budgets = {b["kernel"]: b for b in json.loads(result.stdout)}
     for label in ("bf16", "fp8, tile32", "fp8, tile64", "mxfp4"):
         for suffix in ("", sm90_report.PAGED):
-            assert budgets[f"decode_split_kernel<{label}{suffix}>"].hmma_per_token == HMMA_PER_TOKEN
+            assert budgets[f"decode_split_kernel<{label}{suffix}>"]["hmma_per_token"] == HMMA_PER_TOKEN
