@@ -121,9 +121,15 @@ def fewest_splits_for_share(kv_len: int, splits: int, tile_tokens: int) -> int:
     rounds a split's share up to whole tiles: the splits past that get no tokens yet cost a workgroup and a merge
     slot each (4 rows x 8192 tokens: 33 splits are 32 of 256 tokens and an empty one, and the merge then takes its
     64-split pass: 4-6% slower than 32 splits on the H200, benchmarks/results/planner/split_rounding.txt)."""
-    per_split = -(-kv_len // splits)                                       # ceil, as the kernel divides
-    share = max(tile_tokens, -(-per_split // tile_tokens) * tile_tokens)   # whole tiles; an empty row: one
+    share = max(tile_tokens, split_share(kv_len, splits, tile_tokens))   # an empty row: one tile
     return max(1, -(-kv_len // share))
+
+
+def split_share(tokens: int, splits: int, tile_tokens: int) -> int:
+    """The tokens each split of a row takes, as the kernels cut it (decode_split.cuh split_rows): the row divided
+    by the splits rounded up, then up to whole tiles."""
+    per_split = -(-tokens // splits)
+    return -(-per_split // tile_tokens) * tile_tokens
 
 
 def _env_overrides():

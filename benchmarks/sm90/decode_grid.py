@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from mixed_mla.backends.cuda_sm90 import TILE_TOKENS, splits_for
 from mixed_mla.constants import HEAD_GROUP, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM
+from mixed_mla.planner import split_share
 
 VECTOR_BYTES = 16   # the read's loads
 # Bytes of one cache row the decode reads, per format: (data or codes, block scales).
@@ -46,8 +47,7 @@ def decode_grid(shape, plan) -> DecodeGrid:
 def split_rows(kv_len: int, q_len: int, r: int, splits: int, split: int, tile_tokens: int) -> tuple:
     """(lo, hi): the rows of a segment that split `split` of query r reads (decode_split.cuh split_rows)."""
     attend = min(max(kv_len - q_len + r + 1, 0), kv_len)
-    per_split = -(-attend // splits)
-    share = -(-per_split // tile_tokens) * tile_tokens
+    share = split_share(attend, splits, tile_tokens)
     lo = min(split * share, attend)
     return lo, min(lo + share, attend)
 
