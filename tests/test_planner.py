@@ -2,7 +2,7 @@
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixed_mla import planner
@@ -27,9 +27,12 @@ def _install_table(monkeypatch, arch, entries):
     planner.table_for.cache_clear()
 
 
-def _entry(plan, kv_format="auto", batch=4, kv_len=1024):
+MEASURED = {"class": "d", "basis": "tools/autotune.py in a test"}
+
+
+def _entry(plan, kv_format="auto", batch=4, kv_len=1024, evidence=MEASURED):
     return {"batch": batch, "q_len": 1, "kv_len": kv_len, "num_heads": 16, "kv_format": kv_format, "plan": plan,
-            "us": 5.0}
+            "us": 5.0, "evidence": evidence}
 
 
 def test_cpu_plans_the_torch_backend_on_bf16():
@@ -247,3 +250,68 @@ def test_candidates_without_a_compiled_backend_are_the_torch_plans(monkeypatch):
     assert candidates("cpu", 4, 1, 1024, 16) == [Plan("torch", f, 1) for f in KV_FORMATS]
     # the powers of two, and the heuristic's 63 (64 splits of 1600 tokens leave the last one empty)
     assert {p.num_splits for p in candidates("sm90", 2, 1, 100000, 16)} == {2 ** i for i in range(7)} | {63}
+
+
+# ---- MI355X: every default rests on evidence (issue 31) ----
+
+def _mi355x_document():
+    return json.loads((planner.TABLE_DIR / planner.TABLE_FILES["gfx950"]).read_text())
+
+
+def test_every_mi355x_default_names_evidence_that_its_rule_confirms():
+    document = _mi355x_document()
+    table = planner.parse_table(json.dumps(document), "mi355x.json", require_evidence=True)
+    assert {(key[0], key[2]) for key in table} >= {(b, kv) for b in (4, 32, 64, 256) for kv in (1024, 8192)}
+    for entry in document["entries"]:
+        plan = table[(entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry["kv_format"])]
+        claimed = entry["evidence"]["class"]
+        assert claimed in planner.EVIDENCE_CLASSES and claimed != planner.LAX_EVIDENCE, entry
+        if claimed != "d":   # a, b, c are rules over the configuration: the entry must be exactly that one
+            assert planner.evidence_class("gfx950", plan, entry["num_heads"], entry["q_len"]) == claimed, entry
+        else:
+            assert entry.get("strict_error") is not None, entry
+    for entry in document.get("opt_in_entries", []):   # the seed's paged aiter routes: lax figures only, no rule covers them
+        plan = planner.parse_table(json.dumps({"entries": [], "opt_in_entries": [entry]}), "one", True, True)[(
+            entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry["kv_format"])]
+        assert planner.evidence_class("gfx950", plan, 16, 1) is None, entry
+
+
+@pytest.mark.parametrize("mutation, message", [
+    (lambda e: e.pop("evidence"), "evidence None"),
+    (lambda e: e.update(evidence={"class": "lax", "basis": "the seed's lax-checked figures"}), "'lax'"),
+    (lambda e: e.update(evidence={"class": "a"}), "'class': 'a'"),
+])
+def test_a_default_without_evidence_or_on_lax_figures_alone_is_refused(mutation, message):
+    document = _mi355x_document()
+    mutation(document["entries"][3])
+    with pytest.raises(ValueError, match=message):
+        planner.parse_table(json.dumps(document), "mi355x.json", require_evidence=True)
+
+
+def test_the_seed_paged_routes_serve_only_when_opted_in(monkeypatch):
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", None)
+    planner.table_for.cache_clear()
+    monkeypatch.delenv(planner.UNVERIFIED_ROUTES_OPT_IN, raising=False)
+    reference = Plan("aiter", "fp8", 32, "", 1, "table")
+    assert plan_for("gfx950", 32, 1, 8192, 16) == reference
+    assert plan_for("gfx950", 256, 1, 1024, 16) == reference
+    monkeypatch.setenv(planner.UNVERIFIED_ROUTES_OPT_IN, "1")
+    assert plan_for("gfx950", 32, 1, 8192, 16) == Plan("aiter", "fp8", 16, "", 8, "table")
+    assert plan_for("gfx950", 256, 1, 1024, 16) == Plan("aiter", "fp8", 1, "fast", 2, "table")
+    assert plan_for("gfx950", 4, 1, 1024, 16).backend == "hip_gfx950"   # the evidenced entries stay
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=st.integers(1, 512), q_len=st.integers(1, 4), kv_len=st.integers(1, 20000),
+       num_heads=st.sampled_from([16, 32, 48, 64, 128]), kv_format=st.sampled_from([None, "fp8", "bf16"]))
+def test_every_mi355x_heuristic_default_has_evidence(batch, q_len, kv_len, num_heads, kv_format):
+    plan = planner.heuristic_plan("gfx950", batch, q_len, kv_len, num_heads, kv_format)
+    assert plan.backend == "torch" or planner.evidence_class("gfx950", plan, num_heads, q_len) is not None, plan
+
+
+def test_mi355x_heuristics_pick_aiter_configurations_its_evidence_covers():
+    assert plan_for("gfx950", 64, 1, 1024, 16, "bf16") == Plan("aiter", "bf16", 32, "fast", 1)     # (b)
+    assert plan_for("gfx950", 64, 1, 1024, 48, "bf16") == Plan("aiter", "bf16", 32, "fast", 1)     # (b)
+    assert plan_for("gfx950", 64, 3, 1024, 16, "bf16").backend == "torch"     # q_len 3: aiter's test has none
+    assert plan_for("gfx950", 64, 1, 1024, 16, "fp8", backend="aiter") == Plan("aiter", "fp8", 32, "", 1)  # (a)
+    assert planner.evidence_class("gfx950", Plan("aiter", "fp8", 16, "", 1), 16, 1) is None   # not the reference's

@@ -164,6 +164,7 @@ def best_entries(records: list, shapes: list, source: str) -> list:
             entries.append({"batch": shape.batch, "q_len": shape.q_len, "kv_len": shape.kv_len,
                             "num_heads": shape.num_heads, "kv_format": requested, "plan": record["plan"],
                             "us": round(record["us"], 2), "strict_error": record["strict_error"],
+                            "evidence": {"class": "d", "basis": f"passed the strict check here: {source}"},
                             "source": source})
     return entries
 
