@@ -149,7 +149,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     """
     arch = device_arch(device)
     chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
-    problem = _problem(chosen, device, num_heads)
+    problem = _problem(chosen, device, num_heads, max_q_len)
     if problem is None:
         return chosen, backends.module(chosen.backend)
     if backend is not None or forced_backend() is not None:
@@ -163,7 +163,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
                                kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
-        alternative_problem = _problem(plan, device, num_heads)
+        alternative_problem = _problem(plan, device, num_heads, max_q_len)
         if alternative_problem is None:
             return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
         _warn_once(alternative, alternative_problem)
@@ -181,15 +181,16 @@ def fit_layout(plan: Plan, arch, kv_lens):
     return plan if fit is None else fit(plan, arch, kv_lens)
 
 
-def _problem(plan: Plan, device, num_heads: int):
+def _problem(plan: Plan, device, num_heads: int, max_q_len: int):
     """None when plan.backend can serve this decode, else why not."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
         module = backends.module(plan.backend)
-        layout = module.selfcheck_layout(plan, device_arch(device)) if hasattr(module, "selfcheck_layout") else None
-        if not selfcheck.verified(plan.backend, module.run, plan, device, layout):
+        layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
+                  if hasattr(module, "selfcheck_layout") else None)
+        if not selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len):
             reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
     return reason
 

@@ -1,24 +1,28 @@
-"""Run-time self-check of a compiled backend: the first use of a (backend, variant, format) in a process runs it
+"""Run-time self-check of a compiled backend: the first use of a geometry (first_use_key) in a process runs it
 once on a small layout and compares with exact attention under the strict bound (mixed_mla.exact).
 
 Why: the gfx950 kernels were only compiled, never executed, before their first MI355X run (and any compiled
 kernel can meet a driver, compiler or hardware difference its tests never saw). A failed check costs one warning
 and a slower route, instead of wrong attention. The layout is chosen to hit what breaks first: variable lengths, an
-empty segment, a query row with nothing to attend (kv_len < q_len), q_len 1-4 under the causal rule, partial tiles,
-two head groups, one split and the plan's split count (mostly-empty splits, the merge), and poison past the used
+empty segment, a query row with nothing to attend (kv_len < q_len), q_len up to the call's under the causal rule,
+partial tiles, the call's head groups, the plan's split count (mostly-empty splits, the merge), and poison past the used
 rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails.
 
-Call (api.py): before using a planned compiled backend,
-    if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout): <route this plan elsewhere>
-layout: None for the layout above, or the backend's own (segments, num_heads, poison rows) where it refuses that
-one by design (aiter_mla.selfcheck_layout: it takes 32 heads with one query per segment only, paged plans one query
-per segment, variant "" no empty segment).
+Call (api.py): before using a planned compiled backend for a call with num_heads heads and max_q_len queries,
+    if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout, num_heads, max_q_len):
+        <route this plan elsewhere>
+The verdict is per first_use_key: everything that changes what a kernel reads -- backend, variant, format, page
+size, one split or several, the head count (head groups, aiter's folding) and max_q_len (the q_len kernel: 1, 2, 4,
+and 3, which the 4-query kernel serves with a partial tile). The check runs that geometry: the plan's own split
+count, the call's heads, segments of up to max_q_len queries with one of exactly max_q_len.
+layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
+that geometry where it refuses the default by design (aiter_mla.selfcheck_layout: more than 16 heads with one
+query per segment only, paged plans one query per segment, variant "" uniform queries, no empty segment, and a
+segment v1_0 splits several ways).
 MLA_SELFCHECK=0 disables it (timing runs: the check launches the kernel and an exact float64 reference once).
 """
 import os
 import warnings
-from dataclasses import replace
-
 import torch
 
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
@@ -30,33 +34,51 @@ ENV_SWITCH = "MLA_SELFCHECK"
 # (1 key for 2 queries), an empty segment, plain decode over 100 rows (3 full tiles + 4).
 SEGMENTS = ((1, 100), (2, 1), (4, 333), (1, 0))
 NUM_HEADS = 32               # two head groups of 16
+MAX_Q_LEN = 4                # the geometry checked when the caller names none: SEGMENTS as they are
 POISON_ROWS = 40             # cache rows past the last segment, filled with NaN encodings
 FP8_NAN = 0x7F               # e4m3fn NaN
 E8M0_NAN = 0xFF
 SEED = 20261202
-MERGED_SPLITS = 3            # split count of the merge path when the plan itself has one split
 
-_results = {}  # (backend, variant, kv_format, page_size) -> bool, for this process
+_results = {}  # first_use_key -> bool, for this process (bounded: one entry per geometry a process runs)
+
+
+def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int) -> tuple:
+    """What decides what the kernels read: one verdict per value."""
+    return (backend_name, plan.variant, plan.kv_format, plan.page_size, split_class(plan.num_splits), num_heads,
+            max_q_len)
+
+
+def split_class(num_splits: int) -> str:
+    """One split (stage 1 writes the output) or several (partials and the merge)."""
+    return "one" if num_splits == 1 else "several"
+
+
+def default_layout(num_heads: int = NUM_HEADS, max_q_len: int = MAX_Q_LEN):
+    """SEGMENTS for this geometry: query counts capped at max_q_len, the 333-row segment holding exactly that many."""
+    segments = tuple((max_q_len if kv == 333 else min(q, max_q_len), kv) for q, kv in SEGMENTS)
+    return segments, num_heads, POISON_ROWS
 
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-def verified(backend_name: str, run, plan, device, layout=None) -> bool:
-    """True when backend `run` (the backends' run signature) agrees with exact attention for this plan's variant,
-    format and page size, or the self-check is disabled. The first call per (backend, variant, format, page size)
-    runs the check on `layout` (None: the default one); a failure is warned about once and remembered."""
+def verified(backend_name: str, run, plan, device, layout=None, num_heads=NUM_HEADS, max_q_len=MAX_Q_LEN) -> bool:
+    """True when backend `run` (the backends' run signature) agrees with exact attention for this plan and call
+    geometry (first_use_key), or the self-check is disabled. The first call per key runs the check on `layout`
+    (None: default_layout(num_heads, max_q_len)); a failure is warned about once and remembered."""
     if not enabled():
         return True
-    key = (backend_name, plan.variant, plan.kv_format, plan.page_size)
+    key = first_use_key(backend_name, plan, num_heads, max_q_len)
     if key not in _results:
-        problem = _check(run, plan, torch.device(device), layout or (SEGMENTS, NUM_HEADS, POISON_ROWS))
+        problem = _check(run, plan, torch.device(device), layout or default_layout(num_heads, max_q_len))
         _results[key] = problem is None
         if problem is not None:
             warnings.warn(f"mixed_mla: self-check failed for backend {backend_name!r} variant {plan.variant!r} "
-                          f"kv_format {plan.kv_format}: {problem}; routing it elsewhere ({ENV_SWITCH}=0 disables "
-                          f"the check)", RuntimeWarning, stacklevel=2)
+                          f"kv_format {plan.kv_format} page size {plan.page_size}, {split_class(plan.num_splits)} "
+                          f"split(s), {num_heads} heads, max_q_len {max_q_len}: {problem}; routing it elsewhere "
+                          f"({ENV_SWITCH}=0 disables the check)", RuntimeWarning, stacklevel=2)
     return _results[key]
 
 
@@ -90,24 +112,22 @@ def check_inputs(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS,
 def _check(run, plan, device, layout):
     """None when `run` passes, else what went wrong (a failing launch counts as a failure).
 
-    The verdict covers the variant whatever its split count, so both code paths run: one split (stage 1 writes
-    the output) and several (partials + merge; the plan's own count when it has one).
+    The plan's own split count runs (its split class is in the key: one split, stage 1 writing the output, or
+    several, partials and the merge).
     """
     segments, num_heads, poison_rows = layout
     q, cache, qo, kvp = check_inputs(plan.kv_format, device, segments, num_heads, poison_rows)
     ref = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE)
     bound = STRICT_BOUND[plan.kv_format]
-    for num_splits in (1, plan.num_splits if plan.num_splits > 1 else MERGED_SPLITS):
-        out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
-        try:
-            run(q, cache, plan.kv_format, qo, kvp, out, replace(plan, num_splits=num_splits), DEFAULT_SM_SCALE,
-                max(s[0] for s in segments))
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        except Exception as error:  # any launch or runtime error means the variant cannot be trusted
-            return f"with {num_splits} split(s) the kernel raised {type(error).__name__}: {error}"
-        err = relative_l2(out, ref)
-        if not err <= bound:
-            return (f"with {num_splits} split(s) the relative L2 error {err:.3g} against exact attention exceeds "
-                    f"the strict bound {bound}")
+    out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+    try:
+        run(q, cache, plan.kv_format, qo, kvp, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in segments))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception as error:  # any launch or runtime error means the variant cannot be trusted
+        return f"with {plan.num_splits} split(s) the kernel raised {type(error).__name__}: {error}"
+    err = relative_l2(out, ref)
+    if not err <= bound:
+        return (f"with {plan.num_splits} split(s) the relative L2 error {err:.3g} against exact attention exceeds "
+                f"the strict bound {bound}")
     return None

@@ -176,16 +176,69 @@ def test_fit_layout_plans_fast_where_v1_0_would_be_wrong_and_warns_once(monkeypa
 
 # ---- the run-time self-check with aiter's own layout ----
 
-@pytest.mark.parametrize("page_size", [1, 2, 8])
+def _self_check(plan, arch, num_heads=16, max_q_len=1):
+    layout = aiter_mla.selfcheck_layout(plan, arch, num_heads, max_q_len)
+    return selfcheck.verified("aiter", aiter_mla.run, plan, "cpu", layout, num_heads, max_q_len)
+
+
+# (page size, heads, max_q_len) the route serves: paged plans take 16 heads and one query (test_unsupported_...)
+SELF_CHECK_GEOMETRIES = [(1, h, q) for h, q in ((16, 1), (16, 2), (16, 3), (16, 4), (128, 1))] + [
+    (page, 16, 1) for page in (2, 8)]
+
+
+@pytest.mark.parametrize("page_size, num_heads, max_q_len", SELF_CHECK_GEOMETRIES)
+@pytest.mark.parametrize("splits", [1, 32])
 @pytest.mark.parametrize("variant", ["", "fast"])
-def test_the_fixed_route_passes_its_self_check(fake, monkeypatch, variant, page_size):
+def test_the_fixed_route_passes_its_self_check(fake, monkeypatch, variant, splits, page_size, num_heads, max_q_len):
     monkeypatch.setattr(selfcheck, "_results", {})
-    plan = _plan(page_size=page_size, variant=variant)
+    plan = _plan(page_size=page_size, variant=variant, splits=splits)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert selfcheck.verified("aiter", aiter_mla.run, plan, "cpu",
-                                  aiter_mla.selfcheck_layout(plan, fake.device.arch))
-    assert fake.metadata[-1].builder == ("v1_2" if variant == "fast" else "v1_0")
+        assert _self_check(plan, fake.device.arch, num_heads, max_q_len)
+    v1_0 = variant == "" and not (num_heads == 128 and fake.device.arch == "gfx950")   # 128 heads: metadata_choice
+    assert fake.metadata[-1].builder == ("v1_0" if v1_0 else "v1_2")
+    assert fake.decode_calls[-1]["page_size"] == page_size
+
+
+def _multi_split_items(metadata):
+    """The work items of segments v1_0 cut into several pieces, with a non-zero kv_offset."""
+    pieces = {}
+    for item in metadata.work:
+        pieces.setdefault(item.batch_idx, []).append(item)
+    return [item for items in pieces.values() if len(items) > 1 for item in items if item.kv_offset > 0]
+
+
+@pytest.mark.parametrize("splits", [2, 16, 32])
+@pytest.mark.parametrize("page_size", [1, 2, 8])
+def test_the_v1_0_self_check_layout_makes_multi_split_items_with_a_kv_offset(fake, monkeypatch, page_size, splits):
+    """What only hardware settles -- how the decode reads kv_offset of a v1_0 piece that does not end its segment,
+    in page units at page sizes > 1 -- is what the self-check of variant "" must run into."""
+    monkeypatch.setattr(selfcheck, "_results", {})
+    assert _self_check(_plan(page_size=page_size, splits=splits), fake.device.arch)
+    assert fake.metadata[-1].builder == "v1_0" and _multi_split_items(fake.metadata[-1])
+
+
+def test_the_multi_split_check_fails_when_the_layout_stops_producing_such_items(monkeypatch):
+    """Negative case: the layout before issue 31 (no segment past 2 x 196 units) gives v1_0 one piece per segment."""
+    _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    monkeypatch.setattr(aiter_mla, "SELFCHECK_V1_0_SPLITS", 1)
+    monkeypatch.setattr(selfcheck, "_results", {})
+    rec = _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    assert _self_check(_plan(page_size=8, splits=16), "gfx950")
+    assert rec.metadata[-1].builder == "v1_0" and not _multi_split_items(rec.metadata[-1])
+
+
+def test_a_reading_of_kv_offset_in_tokens_fails_the_paged_v1_0_self_check(monkeypatch):
+    """Negative case for the layout: a decode that reads a paged v1_0 piece as aiter's own test reader does
+    (op_tests/test_mla_persistent.py at 8ce1117, ~423-433: rows [kv_start * P, segment end - kv_offset), kv_offset
+    taken in rows) disagrees with exact attention on it; one of that reading and fake_aiter's is wrong on hardware,
+    and the self-check tells which."""
+    rec = _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
+    monkeypatch.setattr(fake_aiter, "KV_OFFSET_IN_ROWS", True)
+    monkeypatch.setattr(selfcheck, "_results", {})
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
+        assert not _self_check(_plan(page_size=8, splits=16), "gfx950")
+    assert rec.metadata[-1].builder == "v1_0"
 
 
 def test_the_self_check_refuses_the_pre_fix_route_on_gfx942(monkeypatch, pre_fix):
@@ -193,8 +246,7 @@ def test_the_self_check_refuses_the_pre_fix_route_on_gfx942(monkeypatch, pre_fix
     monkeypatch.setattr(selfcheck, "_results", {})
     _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
     with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
-        assert not selfcheck.verified("aiter", aiter_mla.run, _plan(splits=4), "cpu",
-                                      aiter_mla.selfcheck_layout(_plan(splits=4), "gfx942"))
+        assert not _self_check(_plan(splits=4), "gfx942")
 
 
 # ---- metadata follows the layout ----

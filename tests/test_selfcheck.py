@@ -89,12 +89,29 @@ def merge_only_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, pla
         out.mul_(0.5)   # a merge that forgets to normalise by the summed weights
 
 
-@pytest.mark.parametrize("plan_splits", [1, 16])
-def test_both_split_paths_are_checked_whatever_the_plan_says(plan_splits):
+def test_one_split_and_several_are_separate_verdicts():
+    """The split class is in the first-use key: a merge bug fails the plans with several splits, not one split."""
     counted = Counting(merge_only_bug_kernel)
-    with pytest.warns(RuntimeWarning, match="split"):
-        assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", plan_splits), "cpu")
+    assert selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 1), "cpu")
+    with pytest.warns(RuntimeWarning, match="several split"):
+        assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 16), "cpu")
+    assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 5), "cpu")   # remembered
     assert counted.calls == 2
+
+
+@pytest.mark.parametrize("max_q_len", [1, 2, 3, 4])
+def test_the_check_runs_the_call_geometry(max_q_len):
+    """Heads and the q_len kernel are in the key: the check runs the call's, one segment with exactly max_q_len."""
+    seen = []
+
+    def recording(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q):
+        seen.append((q.shape[1], max_q, (qo_indptr[1:] - qo_indptr[:-1]).max().item()))
+        torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q)
+
+    for num_heads in (16, 128):
+        assert selfcheck.verified("hip_gfx950", recording, _plan(), "cpu", None, num_heads, max_q_len)
+    assert seen == [(16, max_q_len, max_q_len), (128, max_q_len, max_q_len)]
+    assert selfcheck.first_use_key("x", _plan(), 16, 3) != selfcheck.first_use_key("x", _plan(), 16, 4)
 
 
 def test_verdicts_are_per_variant_and_format():

@@ -48,8 +48,9 @@ none shorter than 196 units off gfx942) are in the indptr contents, which the ho
 asserted on the device, so a layout that breaks them raises at the next synchronisation instead of returning wrong
 rows. Where the lengths are read anyway (api.plan without max lengths, custom_kernel's first sight of a layout),
 fit_layout() plans "fast" instead of a "" that layout_problem() says would be wrong, with a one-time warning. The
-run-time self-check (selfcheck.py) runs every (variant, format, page size) once on selfcheck_layout(): it is what
-settles page sizes 2 and 8 and the decode kernel's reading of the metadata on real hardware.
+run-time self-check (selfcheck.py) runs every geometry (variant, format, page size, one split or several, heads,
+max_q_len) once on selfcheck_layout(): it is what settles page sizes 2 and 8 and the decode kernel's reading of the
+metadata (multi-split v1_0 items with a non-zero kv_offset included) on real hardware.
 
 Two aiter API generations are supported, detected once from the installed signatures:
   "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
@@ -87,6 +88,10 @@ V1_0_FIXED_SPLITS_ARCH = "gfx942"
 V1_0_FIXED_SPLITS = 16
 V1_0_UNITS_PER_SPLIT = 196
 SELFCHECK_POISON_ROWS = 40   # at least this many poisoned cache rows past the self-check's segments
+# The self-check's long v1_0 segment: 3 splits' worth of units (v1_0 on gfx950 splits min(units / 196, ...) ways)
+# plus 54, so the last piece is short but past v1_0's 4-unit tail merge: every piece but the last has kv_offset > 0.
+SELFCHECK_V1_0_SPLITS = 3
+SELFCHECK_V1_0_TAIL_UNITS = 54
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
 
@@ -514,20 +519,28 @@ def fit_layout(plan, arch, kv_lens):
     return replace(plan, variant=FAST_VARIANT)
 
 
-def selfcheck_layout(plan, arch):
-    """(segments as (q_len, kv_len) pairs, num_heads, poison rows) for the run-time self-check of this plan: the
-    hardest layout the route serves with it (it refuses the default one: 32 heads with q_len 4, an empty segment
-    under v1_0). Page sizes > 1: one query each, whole pages but the last, the cache padded to whole pages."""
+def selfcheck_layout(plan, arch, num_heads=HEAD_GROUP, max_q_len=MAX_Q_LEN):
+    """(segments as (q_len, kv_len) pairs, num_heads, poison rows) for the run-time self-check of this plan and call
+    geometry (selfcheck.first_use_key): the hardest layout the route serves with it. Query counts up to max_q_len,
+    one segment with exactly that many (the q_len kernel aiter picks); page sizes > 1: whole pages but the last,
+    the cache padded to whole pages.
+    Variant "fast": variable query counts, an empty and a 1-key segment, a partial last page.
+    Variant "" (v1_0): uniform query counts, no segment shorter than v1_0 serves, and one segment of
+    3 * 196 + 54 kv_indptr units that v1_0 cuts into several work items with a non-zero kv_offset whenever the plan
+    has several splits -- in page units at page sizes > 1, which is what only hardware settles (docs/aiter.md);
+    tests/test_aiter_metadata.py checks on the model that the layout keeps producing such items."""
     page = plan.page_size
-    if plan.variant == FAST_VARIANT:   # variable query counts, an empty and a 1-key segment, a partial last page
-        segments = ((1, 100), (2, 1), (4, 333), (1, 0), (3, 700)) if page == 1 else (
+    if plan.variant == FAST_VARIANT:
+        shape = ((1, 100), (2, 1), (4, 333), (1, 0), (3, 700)) if page == 1 else (
             (1, 2 * page), (1, 0), (1, 12 * page), (1, 37 * page + 3))
-    else:                              # v1_0: uniform query counts, no segment shorter than it serves
+        segments = tuple((max_q_len if kv == shape[2][1] else min(q, max_q_len), kv) for q, kv in shape)
+    else:
         units = _v1_0_min_units(arch)
-        q_len = MAX_Q_LEN if page == 1 else 1
-        segments = ((q_len, units * page), (q_len, (units + 54) * page), (q_len, units * page + page // 2 + 1))
+        split_units = SELFCHECK_V1_0_SPLITS * V1_0_UNITS_PER_SPLIT + SELFCHECK_V1_0_TAIL_UNITS
+        segments = tuple((max_q_len, kv) for kv in (
+            units * page, split_units * page, units * page + page // 2 + 1))
     used = sum(kv for _, kv in segments)
-    return segments, HEAD_GROUP, SELFCHECK_POISON_ROWS + (-(used + SELFCHECK_POISON_ROWS)) % page
+    return segments, num_heads, SELFCHECK_POISON_ROWS + (-(used + SELFCHECK_POISON_ROWS)) % page
 
 
 def check_v1_0_lengths(kv_page_indptr: torch.Tensor, min_units: int, arch) -> None:

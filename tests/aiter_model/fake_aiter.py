@@ -24,6 +24,10 @@ import torch
 from . import metadata
 
 WORK_INFO_FIELDS = 8
+# The other reading of a paged item, aiter's own test reader's (op_tests/test_mla_persistent.py at 8ce1117, ~417-433:
+# rows [kv_start * P, segment end - kv_offset), kv_offset in rows, kv_end unused). True only in the test that shows
+# the v1_0 self-check layout tells the two apart; which one aiter's decode kernel does is not public source.
+KV_OFFSET_IN_ROWS = False
 
 
 def dtype_name(dtype) -> str:
@@ -82,8 +86,8 @@ def _check_range(lo, hi, size, what):
         raise metadata.ModelError(f"a work item reads {what} [{lo}, {hi}) of {size}")
 
 
-def emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, max_seqlen_q, page_size, sm_scale,
-                    work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
+def emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size,
+                    sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
                     kv_scale):
     assert kv_buffer.dim() == 4 and kv_buffer.shape[1] == page_size
     num_heads = q.shape[1]
@@ -105,7 +109,12 @@ def emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, max_seq
         _check_range(kv_start, kv_end, kv_indices.shape[0], "kv_indices")
         keys = kvf[kv_indices[kv_start:kv_end].long()].reshape(-1, kvf.shape[-1])
         num_q = qo_end - qo_start
-        if page_size == 1:
+        if KV_OFFSET_IN_ROWS and page_size > 1:
+            rows = kvf[kv_indices.long()].reshape(-1, kvf.shape[-1])
+            end = (int(kv_indptr[batch + 1]) - 1) * page_size + last_page_lens[batch]
+            keys = rows[kv_start * page_size:max(kv_start * page_size, end - kv_offset)]
+            segment_end = keys.shape[0]
+        elif page_size == 1:
             segment_end = keys.shape[0] + kv_offset
         else:
             if num_q > 1:
@@ -187,9 +196,9 @@ def aiter_2026_03(rec):
                        reduce_indptr=None, reduce_final_map=None, reduce_partial_map=None, q_scale=None,
                        kv_scale=None, intra_batch_mode=False, return_logits=False, return_lse=False):
         assert work_meta_data is not None, "persistent mode expected"
-        emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, max_seqlen_q, page_size, sm_scale,
-                        work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
-                        kv_scale)
+        emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size,
+                        sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
+                        q_scale, kv_scale)
 
     return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
 
@@ -217,8 +226,8 @@ def aiter_2025_11(rec):
                        sm_scale=None, logit_cap=0.0, num_kv_splits=None, num_kv_splits_indptr=None,
                        work_meta_data=None, work_indptr=None, work_info_set=None, reduce_indptr=None,
                        reduce_final_map=None, reduce_partial_map=None, q_scale=None, kv_scale=None):
-        emulated_decode(rec, q, kv_buffer, o, kv_indices, kv_last_page_lens, max_seqlen_q, kv_buffer.shape[1],
-                        sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
+        emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+                        kv_buffer.shape[1], sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
                         q_scale, kv_scale)
 
     return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
