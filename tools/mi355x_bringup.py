@@ -228,11 +228,13 @@ def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str) 
     if reason is not None:
         print(json.dumps({"passed": False, "problem": f"unavailable: {reason}"}))
         return 1
-    plan = Plan(backend=backend_name, kv_format=kv_format, num_splits=SELFCHECK_SPLITS, variant=variant)
     start = time.monotonic()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        passed = selfcheck.verified(backend_name, backends.module(backend_name).run, plan, torch.device(device))
+        # both split classes of the first-use key (selfcheck.first_use_key): stage 1 alone, and the merge
+        passed = all([selfcheck.verified(backend_name, backends.module(backend_name).run,
+                                         Plan(backend_name, kv_format, splits, variant), torch.device(device))
+                      for splits in (1, SELFCHECK_SPLITS)])
     problem = "; ".join(str(w.message) for w in caught) or None
     print(json.dumps({"passed": passed, "checked": selfcheck.enabled(), "problem": problem,
                       "seconds": round(time.monotonic() - start, 2)}))
