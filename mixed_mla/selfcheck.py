@@ -36,7 +36,7 @@ E8M0_NAN = 0xFF
 SEED = 20261202
 MERGED_SPLITS = 3            # split count of the merge path when the plan itself has one split
 
-_results = {}  # (backend, variant, kv_format, page_size) -> bool, for this process
+_results = {}  # (backend, variant, kv_format, page_size, fused) -> bool, for this process
 
 
 def enabled() -> bool:
@@ -45,11 +45,12 @@ def enabled() -> bool:
 
 def verified(backend_name: str, run, plan, device, layout=None) -> bool:
     """True when backend `run` (the backends' run signature) agrees with exact attention for this plan's variant,
-    format and page size, or the self-check is disabled. The first call per (backend, variant, format, page size)
-    runs the check on `layout` (None: the default one); a failure is warned about once and remembered."""
+    format, page size and merge (fused or not), or the self-check is disabled. The first call per (backend, variant,
+    format, page size, fused) runs the check on `layout` (None: the default one); a failure is warned about once and
+    remembered."""
     if not enabled():
         return True
-    key = (backend_name, plan.variant, plan.kv_format, plan.page_size)
+    key = (backend_name, plan.variant, plan.kv_format, plan.page_size, plan.fused)
     if key not in _results:
         problem = _check(run, plan, torch.device(device), layout or (SEGMENTS, NUM_HEADS, POISON_ROWS))
         _results[key] = problem is None

@@ -347,10 +347,10 @@ __device__ __forceinline__ void record_indptr_violation(const DecodeParams& p, i
 }
 
 // grid = (num_splits, max_q_len * head_groups(num_heads), batch); with p.split_counters, the last split CTA of each
-// (row, head group) also merges (fused_merge.cuh), else merge_splits_kernel follows when num_splits > 1. kVariant: Fp8Variant (fp8 only). Segment bounds come from
-// the indptr contents, clamped to the tensors, so no indptr value can send a read out of bounds. Query r of a segment
-// of q_len rows attends its first kv_len - q_len + r + 1 cache rows; the split takes an equal, tile-aligned share of
-// those.
+// (row, head group) also merges (fused_merge.cuh), else merge_splits_kernel follows when num_splits > 1. kVariant:
+// Fp8Variant (fp8 only). Segment bounds come from the indptr contents, clamped to the tensors, so no indptr value can
+// send a read out of bounds. Query r of a segment of q_len rows attends its first kv_len - q_len + r + 1 cache rows;
+// the split takes an equal, tile-aligned share of those.
 // kPaged: the cache is pages read through p.block_table and p.seq_lens (params.h); no early guess is made.
 template <int kFormat, int kVariant, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
