@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .backends import BACKEND_NAMES, FALLBACK, native_backends, spec
+from .backends import BACKEND_NAMES, FALLBACK, module, native_backends, spec
 from .constants import HEAD_GROUP, KV_FORMATS, MAX_SPLITS
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
@@ -68,6 +68,9 @@ class Plan:
     variant: str = ""
     page_size: int = 1
     source: str = "heuristic"
+    # Splits merged inside the split kernel (one launch) instead of by a second kernel, where the backend can
+    # (fuses_merge). Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52).
+    fused: bool = False
 
 
 def device_arch(device) -> str:
@@ -265,6 +268,11 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
     return plan
 
 
+def fuses_merge(backend: str) -> bool:
+    """Whether `backend` honours Plan.fused (its module's FUSES_MERGE)."""
+    return getattr(module(backend), "FUSES_MERGE", False)
+
+
 def variants(backend: str, kv_format: str) -> tuple:
     """The variants of `backend` that apply to `kv_format`, its default first."""
     return spec(backend).variants_for(kv_format)
@@ -274,8 +282,8 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
     Formats x the arch's backends that implement them x variants x page sizes (as each backend's spec declares)
-    x power-of-two splits from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled
-    backend: the fallback's plan per format.
+    x power-of-two splits from 1 to 64 that leave at least 32 tokens (one tile) per split, each split plan also
+    fused where the backend fuses its merge. Without a compiled backend: the fallback's plan per format.
     """
     max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
@@ -287,12 +295,14 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
             declared = spec(backend)
             if not declared.splits_kv:
                 continue
+            fused = (False, True) if fuses_merge(backend) else (False,)
             for variant in declared.variants_for(kv_format):
                 for page_size in declared.page_sizes:
-                    plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate") for s in split_counts)
+                    plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate", f)
+                                 for s in split_counts for f in fused if s > 1 or not f)
     unique = {}
     for plan in plans:  # the heuristic plan and its candidate twin differ only in `source`: keep the first
-        unique.setdefault((plan.backend, plan.kv_format, plan.num_splits, plan.variant, plan.page_size), plan)
+        unique.setdefault(replace(plan, source=""), plan)
     return list(unique.values())
 
 
@@ -323,7 +333,8 @@ def parse_table(text: str, source: str, require_evidence: bool = False, opted_in
         for index, entry in enumerate(entries):
             fields = entry["plan"]
             plan = Plan(backend=fields["backend"], kv_format=fields["kv_format"], num_splits=fields["num_splits"],
-                        variant=fields.get("variant", ""), page_size=fields.get("page_size", 1), source="table")
+                        variant=fields.get("variant", ""), page_size=fields.get("page_size", 1), source="table",
+                        fused=fields.get("fused", False))
             _check_table_plan(plan, index)
             key = (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
             if key[4] not in ("auto", plan.kv_format):
@@ -355,6 +366,9 @@ def _check_table_plan(plan: Plan, index: int) -> None:
         raise ValueError(f"entry {index}: num_splits {plan.num_splits!r} outside 1..{MAX_SPLITS}")
     if not isinstance(plan.page_size, int) or plan.page_size < 1:
         raise ValueError(f"entry {index}: page_size {plan.page_size!r} must be a positive integer")
+    if not isinstance(plan.fused, bool) or (plan.fused and not fuses_merge(plan.backend)):
+        raise ValueError(f"entry {index}: fused {plan.fused!r} must be a bool, true only for a backend that fuses "
+                         f"its merge")
 
 
 def unverified_routes_opted_in() -> bool:

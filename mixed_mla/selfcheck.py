@@ -12,7 +12,7 @@ Call (api.py): before using a planned compiled backend for a call with num_heads
     if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout, num_heads, max_q_len):
         <route this plan elsewhere>
 The verdict is per first_use_key: everything that changes what a kernel reads -- backend, variant, format, page
-size, one split or several, the head count (head groups, aiter's folding) and max_q_len (the q_len kernel: 1, 2, 4,
+size, one split or several, the merge (fused or a second kernel), the head count (head groups, aiter's folding) and max_q_len (the q_len kernel: 1, 2, 4,
 and 3, which the 4-query kernel serves with a partial tile). The check runs that geometry: the plan's own split
 count, the call's heads, segments of up to max_q_len queries with one of exactly max_q_len.
 layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
@@ -45,8 +45,8 @@ _results = {}  # first_use_key -> bool, for this process (bounded: one entry per
 
 def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int) -> tuple:
     """What decides what the kernels read: one verdict per value."""
-    return (backend_name, plan.variant, plan.kv_format, plan.page_size, split_class(plan.num_splits), num_heads,
-            max_q_len)
+    return (backend_name, plan.variant, plan.kv_format, plan.page_size, split_class(plan.num_splits), plan.fused,
+            num_heads, max_q_len)
 
 
 def split_class(num_splits: int) -> str:

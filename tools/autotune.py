@@ -4,7 +4,8 @@
     python tools/autotune.py --shapes 4x1024 256x8192 --q-len 2 --heads 16 --repeats 30
     python tools/autotune.py --device cpu --device-table /tmp/cpu.json --shapes 2x64   # a smoke run
 
-For each shape (batch x kv_len) it times every plan of planner.candidates(...) through the public API (api.plan for
+For each shape (batch x kv_len) it times every plan of planner.candidates(...) (split plans both with the merge
+kernel and, where the backend can, fused: Plan.fused, docs/sm90.md v52) through the public API (api.plan for
 the backend, the candidate's Plan swapped in, DecodePlan.run) as eval.py times a call (benchmarks.timing.whole_call_us:
 the harness's cache flush, device events around the whole call), the median of the repeats. A plan counts only if its
 output passes the strict check (relative L2 against exact float64 attention on the cache format it reads,
@@ -48,7 +49,7 @@ def shape_key(shape: Shape) -> list:
 
 def plan_fields(plan: planner.Plan) -> dict:
     return {"backend": plan.backend, "kv_format": plan.kv_format, "num_splits": plan.num_splits,
-            "variant": plan.variant, "page_size": plan.page_size}
+            "variant": plan.variant, "page_size": plan.page_size, "fused": plan.fused}
 
 
 # ---- measuring one plan ----
@@ -188,8 +189,9 @@ def heuristic_report(records: list, shapes: list, arch: str) -> list:
 
 def describe(fields: dict) -> str:
     return (f"{fields['backend']} {fields['kv_format']} s{fields['num_splits']}"
-            + (f" {fields['variant']}" if fields["variant"] else "") + (f" p{fields['page_size']}"
-                                                                         if fields["page_size"] != 1 else ""))
+            + (f" {fields['variant']}" if fields["variant"] else "")
+            + (f" p{fields['page_size']}" if fields["page_size"] != 1 else "")
+            + (" fused" if fields.get("fused") else ""))
 
 
 def _entry_key(entry):
@@ -295,8 +297,7 @@ def main(argv=None) -> Path:
                                                 inputs.kv_indptr, DEFAULT_SM_SCALE)
                      for fmt in sorted({p.kv_format for p in todo})}
         for plan in todo:
-            bar.set_description(f"{shape} {plan.backend} {plan.kv_format} s{plan.num_splits} {plan.variant} "
-                                f"p{plan.page_size}")
+            bar.set_description(f"{shape} {describe(plan_fields(plan))}")
             partial.add(measure(plan, shape, inputs, reference, args.repeats))
             bar.update(1)
         del inputs, reference

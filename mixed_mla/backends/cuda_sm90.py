@@ -1,9 +1,11 @@
 """Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), JIT-built with torch's load_inline.
 
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
-any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged by a second
-kernel when > 1, and for fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax
-passes per token, coarser ends of rows: each is the fastest on some shapes, docs/sm90.md v42). One C++ call per
+any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged when > 1 by a
+second kernel or, with `fused`, by the last split CTA of each (row, head group) in the same launch (an arrival counter
+per (row, head group) in the workspace, which every call leaves at 0: docs/sm90.md v52), and for fp8 `variant`: ""
+tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax passes per token, coarser ends of rows: each is
+the fastest on some shapes, docs/sm90.md v42). `lse` (optional) gets each row's natural-log LSE. One C++ call per
 forward (binding.cpp), on the current stream, with no sync and no allocation: the split workspace is made at plan
 time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs are never reused.
 
@@ -27,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from . import BackendSpec, build_failure
-from ..constants import KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
 from ..validate import device_error_flag
 
@@ -39,6 +41,9 @@ TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per t
 # not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
 _PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
+# Plan.fused is honoured (planner.fuses_merge reads this): the merge runs inside the split kernel. Opt-in: a plan has
+# it only where the measured table chose it (tools/autotune.py times both), never by default.
+FUSES_MERGE = True
 
 
 class Workspace(NamedTuple):
@@ -48,15 +53,19 @@ class Workspace(NamedTuple):
     partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
     max_total_q: int
     error_flag: torch.Tensor    # int32 (2,): the device's indptr violation flag (validate.device_error_flag)
+    # int32 (max_total_q * head groups,) zeros: the fused merge's arrival counters (every call leaves them 0);
+    # empty unless the plan is fused with splits > 1
+    split_counters: torch.Tensor
 
 
 def make_workspace(plan, max_total_q: int, num_heads: int, device) -> Workspace:
     """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan)."""
     splits = splits_for(plan.num_splits, max_total_q, num_heads)
     rows = max_total_q * num_heads * splits if splits > 1 else 0
+    counters = max_total_q * -(-num_heads // HEAD_GROUP) if splits > 1 and plan.fused else 0
     return Workspace(splits, torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
                      torch.empty(rows, dtype=torch.float32, device=device), max_total_q,
-                     device_error_flag(torch.device(device)))
+                     device_error_flag(torch.device(device)), torch.zeros(counters, dtype=torch.int32, device=device))
 
 
 def available(device):
@@ -81,24 +90,25 @@ def splits_for(requested: int, total_q: int, num_heads: int) -> int:
     return max(1, min(int(requested), MAX_SPLITS, by_workspace))
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None):
-    """Writes out (total_q, H, 512) bf16. max_q_len sizes the grid; longer segments are still covered (the
-    kernel strides over their rows), so a wrong hint costs time, never correctness. workspace: the plan's
-    (make_workspace); None makes one for this call alone."""
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None, lse=None):
+    """Writes out (total_q, H, 512) bf16, and lse (total_q, H) float32 when given: the natural-log logsumexp of each
+    row's scaled scores over the keys it attends, -inf where it attends none. max_q_len sizes the grid; longer
+    segments are still covered (the kernel strides over their rows), so a wrong hint costs time, never correctness.
+    workspace: the plan's (make_workspace); None makes one for this call alone."""
     _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale,
-                                         max_q_len, workspace))
+                                         max_q_len, workspace, lse=lse))
 
 
 def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
-              workspace=None):
-    """Writes out (total_q, H, 512) bf16 from a paged cache; no sync, and no allocation given the plan's workspace
-    (CUDA-graph capturable). Page ids and lengths are read on the device and clamped to the cache."""
+              workspace=None, lse=None):
+    """Writes out (total_q, H, 512) bf16 (and lse, as run) from a paged cache; no sync, and no allocation given the
+    plan's workspace (CUDA-graph capturable). Page ids and lengths are read on the device and clamped to the cache."""
     _module().forward(*forward_arguments(q, kv_cache, kv_format, qo_indptr, qo_indptr, out, plan, sm_scale,
-                                         max_q_len, workspace, pages=(block_table, seq_lens)))
+                                         max_q_len, workspace, pages=(block_table, seq_lens), lse=lse))
 
 
 def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None,
-                      pages=None):
+                      pages=None, lse=None):
     """The C++ forward's arguments for run's inputs (benchmarks/sm90/host_overhead.py times the forward alone with
     them). pages: (block_table, seq_lens) of a paged cache (kv_indptr is then unused), None for a contiguous one."""
     code = KV_FORMAT_CODES[kv_format]
@@ -111,16 +121,26 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
     elif q.shape[0] > workspace.max_total_q:
         raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
                          f"plan again")
+    elif plan.fused and workspace.splits > 1 and workspace.split_counters.numel() == 0:
+        raise ValueError("a fused plan needs the workspace make_workspace makes for it (its split counters): "
+                         "plan again")
+    if lse is None:
+        lse = _empty(q.device, torch.float32)
+    elif (lse.dtype != torch.float32 or lse.shape != q.shape[:2] or not lse.is_contiguous()
+          or lse.device != q.device):
+        raise ValueError(f"lse must be a contiguous float32 tensor of shape {tuple(q.shape[:2])} on {q.device}; got "
+                         f"{lse.dtype} {tuple(lse.shape)}{'' if lse.is_contiguous() else ' (not contiguous)'} on "
+                         f"{lse.device}")
     variant = FP8_VARIANTS[plan.variant]
     if pages is None:
-        block_table = seq_lens = _no_pages(q.device)
+        block_table = seq_lens = _empty(q.device, torch.int32)
     else:
         block_table, seq_lens = pages
         if kv_format == "fp8":
             variant = paged_fp8_variant(plan.variant, kv.shape[1])
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
-            block_table, seq_lens)
+            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32))
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come
@@ -137,10 +157,11 @@ def paged_fp8_variant(variant: str, page_size: int) -> int:
     return FP8_GATHER
 
 
-@functools.lru_cache(maxsize=None)
-def _no_pages(device):
-    """The empty block table / seq_lens that tell the kernel its cache is contiguous (one per device)."""
-    return torch.empty(0, dtype=torch.int32, device=device)
+@functools.lru_cache(maxsize=None)   # bounded: two dtypes per device
+def _empty(device, dtype):
+    """An empty tensor that tells the binding "none": int32, the block table / seq_lens of a contiguous cache;
+    float32, no lse."""
+    return torch.empty(0, dtype=dtype, device=device)
 
 
 # Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.16-1.95x
@@ -153,4 +174,4 @@ SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
     variants=tuple(FP8_VARIANTS), variant_formats={"tile64": ("fp8",)}, tile_tokens=TILE_TOKENS,
-    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace)
+    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace, lse=True)

@@ -18,11 +18,15 @@ using mla_binding::bytes_of;
 // kv is then (num_pages, page_size, row) contiguous (kv_aux (num_pages, page_size, 24) for mxfp4), kv_indptr unused
 // (pass qo_indptr), fp8_variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
 // a contiguous cache.
+// lse: float32 (total_q, H) contiguous, the natural-log LSE of every row and head; empty: not written.
+// split_counters: int32 (>= total_q * head groups,) on the device, all 0 (the kernel leaves them 0): with
+// num_splits > 1 the split kernel merges its own splits (one launch, fused_merge.cuh); empty: the merge kernel.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
              int64_t kv_format, int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
-             const torch::Tensor& block_table, const torch::Tensor& seq_lens) {
+             const torch::Tensor& block_table, const torch::Tensor& seq_lens, const torch::Tensor& lse,
+             const torch::Tensor& split_counters) {
   const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
@@ -56,6 +60,19 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
                 partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "split workspace too small");
   }
 
+  const bool fused = num_splits > 1 && split_counters.numel() > 0;
+  if (lse.numel() > 0) {
+    TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
+                lse.size(1) == q.size(1) && lse.is_contiguous() && lse.device() == q.device(),
+                "lse must be float32 (total_q, H), contiguous, on q's device");
+  }
+  if (fused) {
+    const int64_t groups = (q.size(1) + 15) / 16;   // config.h kHeadGroup
+    TORCH_CHECK(split_counters.scalar_type() == at::kInt && split_counters.is_contiguous() &&
+                split_counters.numel() >= q.size(0) * groups && split_counters.device() == q.device(),
+                "split_counters must be int32 (>= total_q * head groups,) on q's device");
+  }
+
   mla_sm90::DecodeParams p{};
   mla_binding::fill_common_params(p, q, kv, qo_indptr, kv_indptr, out, partial_out, partial_lse, error_flag, num_splits,
                                   sm_scale);
@@ -64,6 +81,8 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.kv_row_stride = kv.stride(0) * kv.element_size();
   p.num_kv_rows = static_cast<int>(kv.size(0));
   p.max_q_len = static_cast<int>(max_q_len);
+  p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
+  p.split_counters = fused ? reinterpret_cast<unsigned int*>(split_counters.data_ptr<int32_t>()) : nullptr;
   if (paged) {
     TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
                 block_table.size(0) == qo_indptr.numel() - 1 && seq_lens.scalar_type() == at::kInt &&

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "params.h"
 #include "ptx.cuh"
+#include "store_row.cuh"   // store_lse
 
 namespace mla_sm90 {
 
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __gri
       }
     }
   }
+  if (threadIdx.x == 0) store_lse(p, row, head, total > 0.f ? top + log2f(total) : -INFINITY);
   const float inv_total = total > 0.f ? 1.f / total : 0.f;
   uint2 packed;
   packed.x = pack_bf16x2(acc.x * inv_total, acc.y * inv_total);
