@@ -12,8 +12,8 @@ Call (api.py): before using a planned compiled backend for a call with num_heads
     if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout, num_heads, max_q_len):
         <route this plan elsewhere>
 The verdict is per first_use_key: everything that changes what a kernel reads -- backend, variant, format, page
-size, one split or several, the merge (fused or a second kernel), the head count (head groups, aiter's folding) and max_q_len (the q_len kernel: 1, 2, 4,
-and 3, which the 4-query kernel serves with a partial tile). The check runs that geometry: the plan's own split
+size, one split or several, the merge (fused or a second kernel), the head count (head groups, aiter's folding)
+and max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query kernel serves with a partial tile). The check runs that geometry: the plan's own split
 count, the call's heads, segments of up to max_q_len queries with one of exactly max_q_len.
 layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
 that geometry where it refuses the default by design (aiter_mla.selfcheck_layout: more than 16 heads with one
