@@ -2,8 +2,8 @@
 smoke test (tests/install_smoke.py) passes there from outside the repository.
 
 Fast by reuse: the wheel is built with this interpreter's setuptools (no build isolation, no network), the venv has
-no pip of its own and sees this interpreter's site packages through a .pth file (torch is not reinstalled), and the
-wheel goes in with --no-deps. Only the package and its data are under test here, not dependency resolution.
+no pip of its own and sees the system's site packages (--system-site-packages) and this interpreter's through a .pth
+file (torch is not reinstalled), and the wheel goes in with --no-deps. Only the package and its data are under test here, not dependency resolution.
 """
 import os
 import subprocess
@@ -44,7 +44,7 @@ def test_the_built_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert top_level == {"mixed_mla", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}, \
         f"the wheel must hold the package alone, got {sorted(top_level)}"
 
-    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], tmp_path)
     python = venv / "bin" / "python"
     site_packages = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               tmp_path).strip())
