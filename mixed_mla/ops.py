@@ -68,7 +68,8 @@ def _decode_fake(q, kv, kv_aux, qo_indptr, kv_indptr, out, lse, plan_id, sm_scal
     return None
 
 
-@torch.library.custom_op(f"{NAMESPACE}::decode_paged", mutates_args=("out", "lse"), device_types=("cpu", "cuda"))
+@torch.library.custom_op(f"{NAMESPACE}::decode_paged", mutates_args=("out", "lse"),
+                         device_types=("cpu", "cuda"))
 def decode_paged(q: torch.Tensor, kv: torch.Tensor, kv_aux: Optional[torch.Tensor], qo_indptr: torch.Tensor,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, lse: Optional[torch.Tensor],
                  plan_id: int, sm_scale: float) -> None:

@@ -3,7 +3,8 @@ smoke test (tests/install_smoke.py) passes there from outside the repository.
 
 Fast by reuse: the wheel is built with this interpreter's setuptools (no build isolation, no network), the venv has
 no pip of its own and sees the system's site packages (--system-site-packages) and this interpreter's through a .pth
-file (torch is not reinstalled), and the wheel goes in with --no-deps. Only the package and its data are under test here, not dependency resolution.
+file (torch is not reinstalled), and the wheel goes in with --no-deps. Only the package and its data are under test
+here, not dependency resolution.
 """
 import os
 import subprocess
