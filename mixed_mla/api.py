@@ -2,9 +2,16 @@
 
 plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability,
 make the backend's workspace, raise an indptr violation a kernel recorded on the device since the last plan);
-run() validates what is free to check on the host, on every call, and launches one backend call. Plans fix launch
-geometry only: every backend reads the indptr contents on the device, so a plan stays correct for new lengths and
-new data. A plan owns its workspace: it is freed when the plan is.
+run() validates what is free to check on the host, on every call, and launches one backend call through the
+torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every backend reads the indptr
+contents on the device, so a plan stays correct for new lengths and new data. A plan owns its workspace: it is freed
+when the plan is.
+
+return_lse=True (plan, decode) also returns the log-sum-exp of each query row and head: float32 (total_q, H),
+natural log of the softmax denominator over the scaled scores (FlashMLA's softmax_lse convention; FlashMLA lays it
+out (batch, H, q_len), padded, where this API's rows are ragged: lse[qo_indptr[b] + i, h] is its [b, h, i]); -inf
+for a row that attends nothing (FlashMLA writes +inf there). Such a plan routes only to backends whose SPEC.lse is
+True. strict=True makes any fallback an error (RuntimeError) instead of a warning.
 """
 import functools
 import warnings
@@ -12,10 +19,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from . import backends, selfcheck
+from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import check_inputs, check_kv_format, checked_segment_lengths, raise_device_errors
+from .validate import check_inputs, check_kv_format, checked_segment_lengths, normalized_cache, raise_device_errors
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Backends whose first use per (variant, format, page size) in a process is checked against exact attention
@@ -24,6 +31,7 @@ _warned_fallbacks = set()  # backend names whose unavailability was already repo
 # its decode kernel's reading of the metadata are settled only on hardware (docs/aiter.md).
 SELF_CHECKED_BACKENDS = ("cuda_sm90", "hip_gfx950", "aiter")
 SELF_CHECK_FAILED = "it failed its self-check against exact attention"
+LSE_REASON = "the plan asks for the log-sum-exp (return_lse=True), which this backend does not write (SPEC.lse)"
 
 
 @dataclass(frozen=True)
@@ -36,16 +44,19 @@ class DecodePlan:
     batch: int
     max_q_len: int         # bounds every segment's query count (docs/design.md#the-planrun-contract)
     max_kv_len: int        # a launch hint only
+    return_lse: bool = False   # run() returns (out, lse); planned on a backend whose SPEC.lse is True
     # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
     # self.plan (dataclasses.replace with another plan makes a new one), and freed with the plan.
     workspace: object = field(init=False, repr=False, compare=False)
     _run: object = field(init=False, repr=False, compare=False)
+    op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode` calls it by
 
     def __post_init__(self):
         workspace = backends.plan_workspace(self.plan, self.max_total_q, self.num_heads, self.device)
         run = self.backend.run if workspace is None else functools.partial(self.backend.run, workspace=workspace)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "_run", run)
+        object.__setattr__(self, "op_id", ops.register(self))
 
     @property
     def kv_format(self) -> str:
@@ -56,19 +67,31 @@ class DecodePlan:
         """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
         return self.batch * self.max_q_len
 
-    def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, validate=False):
-        """Attention output (total_q, H, 512) bf16: `out` when given, else a new tensor."""
-        num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
-        self.check_layout(q, qo_indptr)
+    def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
+            validate=False):
+        """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse, the pair
+        (out, lse), lse float32 (total_q, H) (`lse` when given). One call of the op `mixed_mla::decode`, which checks
+        the inputs on the host; validate=True also checks the indptr contents here (one sync; not under
+        torch.compile)."""
         if validate:
+            num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
             longest_q = checked_segment_lengths(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)[0]
             if longest_q > self.max_q_len:
                 raise ValueError(f"a segment has {longest_q} queries but this plan bounds them at {self.max_q_len}: "
                                  f"plan again")
-        if out is None:
-            out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
-        self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale)
-        return out
+        out, lse = allocate_outputs(q, out, lse, self.return_lse, lambda: check_inputs(
+            q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out))
+        kv, kv_aux = ops.split_cache(kv_cache)
+        getattr(torch.ops, ops.NAMESPACE).decode(q, kv, kv_aux, qo_indptr, kv_indptr, out, lse, self.op_id,
+                                                 float(sm_scale))
+        return (out, lse) if self.return_lse else out
+
+    def checked_launch(self, q, kv_cache, qo_indptr, kv_indptr, out, lse, sm_scale) -> None:
+        """The op's body: every host check of run (inputs, the plan's bounds, out and lse), then the backend."""
+        check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
+        self.check_layout(q, qo_indptr)
+        check_lse(lse, q, self.return_lse)
+        self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale, lse)
 
     def check_layout(self, q, qo_indptr) -> None:
         """The plan's own bounds against tensors that check_inputs has passed (host metadata only, no sync)."""
@@ -78,13 +101,41 @@ class DecodePlan:
                              f"{self.max_total_q} query rows on {self.device}; got batch {qo_indptr.shape[0] - 1}, "
                              f"{q.shape[1]} heads, {q.shape[0]} rows on {q.device}: plan again")
 
-    def launch(self, q, kv_cache, qo_indptr, kv_indptr, out, sm_scale) -> None:
+    def launch(self, q, kv_cache, qo_indptr, kv_indptr, out, sm_scale, lse=None) -> None:
         """The backend call alone, for callers that have validated these inputs (custom_kernel does per call)."""
-        self._run(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out, self.plan, sm_scale, self.max_q_len)
+        extra = {} if lse is None else {"lse": lse}   # only SPEC.lse backends take it (a plan that needs it has one)
+        self._run(q, normalized_cache(kv_cache, self.kv_format), self.kv_format, qo_indptr, kv_indptr, out,
+                  self.plan, sm_scale, self.max_q_len, **extra)
+
+
+def allocate_outputs(q, out, lse, return_lse, explain):
+    """(out, lse) for a run: the caller's, else new ones (lse only when the plan returns it). `explain` raises the
+    input checks' clear error when q is not a tensor to size them by."""
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        explain()
+    if lse is not None and not return_lse:
+        raise ValueError("lse= was given to a plan made without return_lse=True: plan with return_lse=True")
+    if out is None:
+        out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    if return_lse and lse is None:
+        lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def check_lse(lse, q, return_lse) -> None:
+    """lse: None unless the plan returns it, then float32 (total_q, H), contiguous, on q's device."""
+    if return_lse != (lse is not None):
+        raise ValueError(f"this plan {'returns' if return_lse else 'does not return'} the log-sum-exp: lse must be "
+                         f"{'a float32 (total_q, H) tensor' if return_lse else 'None'}")
+    if lse is not None and (not isinstance(lse, torch.Tensor) or lse.dtype != torch.float32
+                            or lse.device != q.device or tuple(lse.shape) != tuple(q.shape[:2])
+                            or not lse.is_contiguous()):
+        raise ValueError(f"lse must be a contiguous float32 {tuple(q.shape[:2])} tensor on {q.device}, got "
+                         f"{getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}")
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
-         backend=None, kv_lens=None) -> DecodePlan:
+         backend=None, kv_lens=None, return_lse=False, strict=False) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -94,6 +145,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     the next backend (see _route).
     kv_lens: the KV segment lengths when the caller has read them (custom_kernel's first sight); a backend may fit
     its plan to them (its optional fit_layout: aiter plans variant "fast" where v1_0 would serve them wrongly).
+    return_lse: run() returns (out, lse) (the module docstring); only backends whose SPEC.lse is True serve it.
+    strict: a planned backend that cannot serve raises RuntimeError instead of warning and falling back.
     Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
@@ -110,24 +163,26 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     batch = qo_indptr.shape[0] - 1
     max_q_len, max_kv_len, read_kv_lens = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
-    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens)
-    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len)
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
+                            strict)
+    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
-           max_kv_len=None, out=None, backend=None, validate=False):
+           max_kv_len=None, out=None, backend=None, validate=False, return_lse=False, strict=False):
     """MLA decode: (total_q, H, 576) bf16 queries against one cache -> (total_q, H, 512) bf16
     (docs/design.md#semantics-every-backend).
 
     kv_cache: bf16 tensor (N, 1, 576) | fp8 (data (N, 1, 576), scale (1,)) | mxfp4 (packed (N, 1, 288), scales).
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
     validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
+    return_lse=True returns (out, lse) (the module docstring); strict=True raises where a fallback would warn.
     """
     num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
     # read here when missing, where the contents meet the tensors' bounds
     max_q_len, max_kv_len, _ = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
-                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend)
+                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
@@ -140,21 +195,23 @@ def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv
     return (longest_q if max_q_len is None else max_q_len, longest_kv if max_kv_len is None else max_kv_len, kv_lens)
 
 
-def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None):
+def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None, return_lse=False,
+           strict=False):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
     Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
     re-planned for itself (so kv_format=None gets that backend's fastest format). A forced backend (argument or
-    MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error".
+    MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error"; so does any fallback under
+    strict.
     """
     arch = device_arch(device)
     chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
-    problem = _problem(chosen, device, num_heads, max_q_len)
+    problem = _problem(chosen, device, num_heads, max_q_len, return_lse)
     if problem is None:
         return chosen, backends.module(chosen.backend)
     if backend is not None or forced_backend() is not None:
         raise RuntimeError(f"the requested backend {chosen.backend!r} cannot run here: {problem}")
-    _warn_once(chosen.backend, problem)
+    report_fallback(chosen.backend, problem, strict)
     for alternative in backends.native_backends(arch) + (backends.FALLBACK,):
         if alternative == chosen.backend:
             continue
@@ -163,10 +220,10 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
                                kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
-        alternative_problem = _problem(plan, device, num_heads, max_q_len)
+        alternative_problem = _problem(plan, device, num_heads, max_q_len, return_lse)
         if alternative_problem is None:
             return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
-        _warn_once(alternative, alternative_problem)
+        report_fallback(alternative, alternative_problem, strict)
     raise RuntimeError(f"no backend can run this decode on {device}: {problem}")  # torch always can: a bug
 
 
@@ -181,11 +238,13 @@ def fit_layout(plan: Plan, arch, kv_lens):
     return plan if fit is None else fit(plan, arch, kv_lens)
 
 
-def _problem(plan: Plan, device, num_heads: int, max_q_len: int):
+def _problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False):
     """None when plan.backend can serve this decode, else why not."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
+    if reason is None and return_lse and not backends.spec(plan.backend).lse:
+        reason = LSE_REASON
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
         module = backends.module(plan.backend)
         layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
@@ -195,9 +254,14 @@ def _problem(plan: Plan, device, num_heads: int, max_q_len: int):
     return reason
 
 
-def _warn_once(backend_name: str, reason: str) -> None:
+def report_fallback(backend_name: str, reason: str, strict: bool) -> None:
+    """A planned backend is passed over: under strict an error, else one RuntimeWarning per backend and process
+    (a failed self-check has warned already). The contiguous and the paged routers share it."""
+    message = f"mixed_mla: not using backend {backend_name!r} (routing to the next backend; torch is the slow " \
+              f"last resort) because {reason}"
+    if strict:
+        raise RuntimeError(f"{message}; strict=True forbids the fallback")
     if reason == SELF_CHECK_FAILED or backend_name in _warned_fallbacks:
         return
     _warned_fallbacks.add(backend_name)
-    warnings.warn(f"mixed_mla: not using backend {backend_name!r} (routing to the next backend; torch is the slow "
-                  f"last resort) because {reason}", RuntimeWarning, stacklevel=4)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)

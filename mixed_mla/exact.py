@@ -18,14 +18,16 @@ from .formats import dequantize
 STRICT_BOUND = {"bf16": 0.02, "fp8": 0.05, "mxfp4": 0.05}
 
 
-def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale) -> torch.Tensor:
+def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, return_lse=False):
     """float64 (total_q, H, 512) on q's device; docs/design.md#semantics-every-backend (causal MTP
-    rule, empty -> zeros)."""
+    rule, empty -> zeros). return_lse=True: (out, lse), lse float64 (total_q, H), the natural-log logsumexp of each
+    row's scaled scores over the keys it attends, -inf where it attends nothing."""
     kv = dequantize(kv_cache, kv_format).to(torch.float64)
     q64 = q.to(torch.float64)
     qo = qo_indptr.tolist()
     kvp = kv_indptr.tolist()
     out = torch.zeros(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.float64, device=q.device)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64, device=q.device)
     for b in range(len(qo) - 1):
         q_rows = q64[qo[b]:qo[b + 1]]                  # (L, H, 576)
         keys = kv[kvp[b]:kvp[b + 1]]                   # (N, 576)
@@ -40,7 +42,8 @@ def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale) -> t
         has_key = visible.any(dim=1)                   # rows with nothing to attend stay zero
         probs = torch.softmax(scores[has_key], dim=-1)
         out[qo[b]:qo[b + 1]][has_key] = torch.einsum("lhn,nd->lhd", probs, keys[:, :V_HEAD_DIM])
-    return out
+        lse[qo[b]:qo[b + 1]][has_key] = torch.logsumexp(scores[has_key], dim=-1)
+    return (out, lse) if return_lse else out
 
 
 def relative_l2(out: torch.Tensor, ref: torch.Tensor) -> float:

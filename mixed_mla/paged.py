@@ -12,17 +12,24 @@ the rows of a page past its sequence's length are never read, so they may hold a
 A plan fixes the launch geometry (batch, heads, page size, the block table's width, the longest query segment);
 every backend reads qo_indptr, block_table and seq_lens on the device or at call time, so one plan serves new
 lengths and block tables within those bounds, and the cuda_sm90 route is CUDA-graph capturable.
+
+Pages need not be back to back: a cache whose pages lie `page stride` elements apart (>= page_size x row, rows
+within a page contiguous: a view into a larger buffer) is read by backends whose SPEC.strided_pages is True (torch;
+the compiled kernels' params carry one flat row stride) when the plan is made with strided_pages=True; a plan
+without it refuses such a cache. return_lse and strict as in api.py; the kv_format is always the caller's.
 """
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from . import api, backends
+from . import api, backends, ops
 from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
                         V_HEAD_DIM)
-from .formats import FP8_DTYPE
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import E8M0_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_tensor
+from .validate import (E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale, check_kv_format,
+                       normalized_cache)
+
+STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
 
 @dataclass(frozen=True)
@@ -31,41 +38,52 @@ class PagedCache:
     kv_format: str
     num_pages: int
     page_size: int
+    pages_back_to_back: bool   # every tensor's page stride is page_size x row (else larger: strided pages)
 
 
-def paged_cache_of(kv_cache, device) -> PagedCache:
-    """The format and geometry of a paged cache (bf16 tensor, fp8 (data, scale), mxfp4 (packed, scales)); raises on
-    any other dtype, shape or device."""
-    if isinstance(kv_cache, torch.Tensor):
-        _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
-        return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1])
+def paged_cache_of(kv_cache, kv_format, device) -> PagedCache:
+    """The geometry of a paged cache of the declared format (bf16 tensor, fp8 (data, scale), mxfp4 (packed,
+    scales)); raises on any other structure, dtype, shape or device, naming that format."""
+    check_kv_format(kv_format)
+    if kv_format == "bf16":
+        back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
+        return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back)
+    parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
     if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
-        raise TypeError(f"kv_cache must be a bf16 tensor or a pair (fp8: data, scale; mxfp4: packed, scales), got "
-                        f"{type(kv_cache).__name__}")
+        raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")
     data, aux = kv_cache
-    if isinstance(aux, torch.Tensor) and aux.dtype == torch.float32:
-        _check_pages("fp8 kv data", data, (FP8_DTYPE,), QK_HEAD_DIM, device)
-        if tuple(aux.shape) != (1,) or aux.device != device:
-            raise ValueError(f"fp8 kv scale must be a float32 (1,) tensor on {device}, got shape "
-                             f"{tuple(aux.shape)} on {aux.device}")
-        return PagedCache("fp8", data.shape[0], data.shape[1])
-    _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
-    _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device)
+    if kv_format == "fp8":
+        back_to_back = _check_pages("fp8 kv data", data, FP8_DATA_DTYPES, QK_HEAD_DIM, device)
+        check_fp8_scale(aux, device)
+        return PagedCache("fp8", data.shape[0], data.shape[1], back_to_back)
+    back_to_back = _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
+    back_to_back &= _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device)
     if aux.shape[:2] != data.shape[:2]:
         raise ValueError(f"mxfp4 scales must have the pages of the codes, {tuple(data.shape[:2])}, got "
                          f"{tuple(aux.shape[:2])}")
-    return PagedCache("mxfp4", data.shape[0], data.shape[1])
+    return PagedCache("mxfp4", data.shape[0], data.shape[1], back_to_back)
 
 
-def _check_pages(name, t, dtypes, row_width, device):
-    check_tensor(name, t, dtypes, device)   # type, dtype, device, contiguity
+def _check_pages(name, t, dtypes, row_width, device) -> bool:
+    """Check one paged tensor; True when its pages are back to back (False: a larger page stride)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if t.device != device:
+        raise RuntimeError(f"{name} is on {t.device} but q is on {device}: every input must be on one device")
     if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
         raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
                          f"{tuple(t.shape)}")
+    page_elements = t.shape[1] * row_width
+    if t.stride(2) != 1 or t.stride(1) != row_width or (t.shape[0] > 1 and t.stride(0) < page_elements):
+        raise ValueError(f"{name} must hold each page's rows contiguously and its pages at least page_size x row "
+                         f"= {page_elements} elements apart; strides {tuple(t.stride())} for shape {tuple(t.shape)}")
+    return t.shape[0] == 1 or t.stride(0) == page_elements
 
 
-def check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out=None) -> PagedCache:
-    """Everything checkable without reading device memory: dtypes, shapes, devices, contiguity."""
+def check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out=None) -> PagedCache:
+    """Everything checkable without reading device memory: dtypes, shapes, devices, strides."""
     if not isinstance(q, torch.Tensor) or q.dtype != torch.bfloat16:
         raise TypeError(f"q must be a bf16 torch.Tensor, got {getattr(q, 'dtype', type(q).__name__)}")
     device = q.device
@@ -74,7 +92,7 @@ def check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out=None) 
                          f"{tuple(q.shape)}")
     if q.shape[1] not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"q has {q.shape[1]} heads; supported: {SUPPORTED_NUM_HEADS}")
-    cache = paged_cache_of(kv_cache, device)
+    cache = paged_cache_of(kv_cache, kv_format, device)
     for name, t, dims in (("qo_indptr", qo_indptr, 1), ("block_table", block_table, 2), ("seq_lens", seq_lens, 1)):
         if not isinstance(t, torch.Tensor) or t.dtype != INDPTR_DTYPE or t.device != device or t.dim() != dims:
             raise ValueError(f"{name} must be a {dims}-D int32 tensor on {device}, got "
@@ -94,24 +112,34 @@ def check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out=None) 
     return cache
 
 
-def check_paged_contents(qo_host, table_host, lens_host, total_q, cache: PagedCache) -> None:
-    """Host copies of the index tensors: qo_indptr from 0 to total_q, non-decreasing; 0 <= seq_len <= what the
-    table's row addresses; every page a sequence reads within the cache."""
-    if qo_host[0] != 0 or qo_host[-1] != total_q or any(b < a for a, b in zip(qo_host, qo_host[1:])):
-        raise ValueError(f"qo_indptr must rise from 0 to total_q = {total_q} without decreasing, got {qo_host}")
-    max_pages = len(table_host[0])
-    for b, (length, row) in enumerate(zip(lens_host, table_host)):
-        if not 0 <= length <= max_pages * cache.page_size:
-            raise ValueError(f"seq_lens[{b}] = {length} outside 0..{max_pages * cache.page_size} (max_pages x "
-                             f"page_size)")
-        used = row[:-(-length // cache.page_size)]
-        if used and not 0 <= min(used) <= max(used) < cache.num_pages:
-            raise ValueError(f"block_table[{b}] reads a page outside 0..{cache.num_pages - 1}: {used}")
-
-
-def paged_to_host(qo_indptr, block_table, seq_lens):
-    """(qo_indptr, block_table rows, seq_lens) as Python lists, with one device->host copy each."""
-    return qo_indptr.tolist(), block_table.tolist(), seq_lens.tolist()
+def checked_paged_lengths(qo_indptr, block_table, seq_lens, total_q, cache: PagedCache):
+    """(longest query segment, longest sequence) after checking the index contents: qo_indptr from 0 to total_q,
+    non-decreasing; 0 <= seq_len <= what the table's row addresses; every page a sequence reads within the cache.
+    Vectorised: a few reductions on the tensors' device and one device->host copy of eight numbers (no Python loop
+    over the batch, no host copy of the table); only a failure reads more, to name the first bad entry."""
+    max_pages = block_table.shape[1]
+    reach = max_pages * cache.page_size
+    q_lens = qo_indptr.diff()
+    pages_read = (seq_lens.clamp(0, reach) + cache.page_size - 1) // cache.page_size
+    read = torch.arange(max_pages, device=block_table.device) < pages_read[:, None]
+    # the pages read, unread entries as page 0: one fused min/max is the whole page check (0.57 ms at 256 x 2048 on
+    # one loaded CPU core, against 1.7 ms for the compare-and-any form)
+    least_page, greatest_page = torch.where(read, block_table, 0).aminmax()
+    summary = torch.stack([t.to(torch.int32) for t in (
+        qo_indptr[0], qo_indptr[-1], q_lens.min(), q_lens.max(), seq_lens.min(), seq_lens.max(), least_page,
+        greatest_page)]).tolist()
+    first_q, last_q, shortest_q, longest_q, shortest_kv, longest_kv, least_page, greatest_page = summary
+    if first_q != 0 or last_q != total_q or shortest_q < 0:
+        raise ValueError(f"qo_indptr must rise from 0 to total_q = {total_q} without decreasing, got "
+                         f"{qo_indptr.tolist()}")
+    if shortest_kv < 0 or longest_kv > reach:
+        b = int(((seq_lens < 0) | (seq_lens > reach)).nonzero()[0, 0])
+        raise ValueError(f"seq_lens[{b}] = {int(seq_lens[b])} outside 0..{reach} (max_pages x page_size)")
+    if least_page < 0 or greatest_page >= cache.num_pages:
+        b = int((read & ((block_table < 0) | (block_table >= cache.num_pages))).any(dim=1).nonzero()[0, 0])
+        raise ValueError(f"block_table[{b}] reads a page outside 0..{cache.num_pages - 1}: "
+                         f"{block_table[b, :int(pages_read[b])].tolist()}")
+    return longest_q, longest_kv
 
 
 @dataclass(frozen=True)
@@ -125,55 +153,77 @@ class PagedDecodePlan:
     page_size: int
     max_pages: int         # the block table's width
     max_q_len: int         # bounds every segment's query count
+    return_lse: bool = False      # run() returns (out, lse) (api.py's convention)
+    strided_pages: bool = False   # run() accepts caches whose pages are not back to back
     # What the backend's spec makes for this plan (api.DecodePlan's rule): made here, freed with the plan.
     workspace: object = field(init=False, repr=False, compare=False)
+    op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode_paged` calls it by
 
     def __post_init__(self):
         workspace = backends.plan_workspace(self.plan, self.batch * self.max_q_len, self.num_heads, self.device)
         object.__setattr__(self, "workspace", workspace)
+        object.__setattr__(self, "op_id", ops.register(self))
 
     @property
     def kv_format(self) -> str:
         return self.plan.kv_format
 
-    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None,
+    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
             validate=False):
-        """Attention output (total_q, H, 512) bf16: `out` when given, else a new tensor. validate=True also
-        checks the index contents (one device->host copy on a GPU)."""
-        cache = check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out)
-        layout = (q.device, q.shape[1], qo_indptr.shape[0] - 1, cache.kv_format, cache.page_size,
-                  block_table.shape[1])
-        planned = (self.device, self.num_heads, self.batch, self.kv_format, self.page_size, self.max_pages)
-        if layout != planned:
-            raise ValueError(f"this plan is for (device, heads, batch, format, page size, max_pages) {planned}; got "
-                             f"{layout}: plan again")
+        """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse the pair
+        (out, lse). One call of the op `mixed_mla::decode_paged`, which checks the inputs on the host;
+        validate=True also checks the index contents here (one device->host copy; not under torch.compile)."""
         if validate:
-            qo_host, table_host, lens_host = paged_to_host(qo_indptr, block_table, seq_lens)
-            check_paged_contents(qo_host, table_host, lens_host, q.shape[0], cache)
-            longest_q = max(b - a for a, b in zip(qo_host, qo_host[1:]))
+            cache = self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
+            longest_q = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)[0]
             if longest_q > self.max_q_len:
                 raise ValueError(f"a segment has {longest_q} queries but this plan bounds them at {self.max_q_len}: "
                                  f"plan again")
-        if out is None:
-            out = torch.empty(q.shape[0], q.shape[1], V_HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        out, lse = api.allocate_outputs(q, out, lse, self.return_lse, lambda: self.check(
+            q, kv_cache, qo_indptr, block_table, seq_lens, out))
+        kv, kv_aux = ops.split_cache(kv_cache)
+        getattr(torch.ops, ops.NAMESPACE).decode_paged(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse,
+                                                       self.op_id, float(sm_scale))
+        return (out, lse) if self.return_lse else out
+
+    def check(self, q, kv_cache, qo_indptr, block_table, seq_lens, out) -> PagedCache:
+        """The inputs' host checks and the plan's bounds (no sync)."""
+        cache = check_paged_inputs(q, kv_cache, self.kv_format, qo_indptr, block_table, seq_lens, out)
+        layout = (q.device, q.shape[1], qo_indptr.shape[0] - 1, cache.page_size, block_table.shape[1])
+        planned = (self.device, self.num_heads, self.batch, self.page_size, self.max_pages)
+        if layout != planned:
+            raise ValueError(f"this plan is for (device, heads, batch, page size, max_pages) {planned}; got "
+                             f"{layout}: plan again")
+        if not (cache.pages_back_to_back or self.strided_pages):
+            raise ValueError("this cache's pages are not back to back (a page stride larger than page_size x row): "
+                             "plan with strided_pages=True")
+        return cache
+
+    def checked_launch(self, q, kv_cache, qo_indptr, block_table, seq_lens, out, lse, sm_scale) -> None:
+        """The op's body: every host check, then the backend's run_paged."""
+        self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
+        api.check_lse(lse, q, self.return_lse)
         extra = {} if self.workspace is None else {"workspace": self.workspace}
-        self.backend.run_paged(q, kv_cache, self.kv_format, qo_indptr, block_table, seq_lens, out, self.plan,
-                               sm_scale, self.max_q_len, **extra)
-        return out
+        if lse is not None:
+            extra["lse"] = lse
+        self.backend.run_paged(q, normalized_cache(kv_cache, self.kv_format), self.kv_format, qo_indptr, block_table,
+                               seq_lens, out, self.plan, sm_scale, self.max_q_len, **extra)
 
 
 def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
-               device=None, backend=None) -> PagedDecodePlan:
+               device=None, backend=None, return_lse=False, strided_pages=False, strict=False) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
     max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
     launch hint only (the KV length the planner sizes splits for; default the block table's reach, max_pages x
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
-    does); a planned one that cannot read pages routes to the next that can (torch at last).
+    does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
+    raises under strict. return_lse, strided_pages: the module docstring.
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"num_heads {num_heads} is not supported; supported: {SUPPORTED_NUM_HEADS}")
     if block_table.dim() != 2 or qo_indptr.dim() != 1 or block_table.shape[0] != qo_indptr.shape[0] - 1 \
@@ -182,31 +232,35 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
                          f"page_size >= 1; got {tuple(block_table.shape)}, {tuple(qo_indptr.shape)}, {page_size}")
     batch, max_pages = block_table.shape
     if max_q_len is None:
-        qo_host = qo_indptr.tolist()
-        max_q_len = max(1, max(b - a for a, b in zip(qo_host, qo_host[1:])))
+        max_q_len = max(1, int(qo_indptr.diff().max()))
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
-    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend)
-    return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len)
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse,
+                            strided_pages, strict)
+    return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
+                           strided_pages)
 
 
-def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None):
-    """MLA decode over a paged cache -> (total_q, H, 512) bf16 (the module docstring gives the layout).
+def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,
+                 return_lse=False, backend=None, strict=False):
+    """MLA decode over a paged cache of the declared kv_format -> (total_q, H, 512) bf16, with return_lse the pair
+    (out, lse) (the module docstring gives the layout).
 
-    Plans, checks the index contents (one device->host copy on a GPU) and runs in one go; to decode many steps
-    over one layout (or inside a CUDA graph), call plan_paged() once and .run() per step.
+    Plans, checks the index contents (one device->host copy of a few numbers) and runs in one go; to decode many
+    steps over one layout (or inside a CUDA graph or torch.compile), call plan_paged() once and .run() per step.
     """
-    cache = check_paged_inputs(q, kv_cache, qo_indptr, block_table, seq_lens, out)
-    qo_host, table_host, lens_host = paged_to_host(qo_indptr, block_table, seq_lens)
-    check_paged_contents(qo_host, table_host, lens_host, q.shape[0], cache)
-    longest_q = max(1, max(b - a for a, b in zip(qo_host, qo_host[1:])))
-    planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=cache.kv_format,
-                         page_size=cache.page_size, max_q_len=longest_q, max_kv_len=max(lens_host), device=q.device)
+    cache = check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out)
+    longest_q, longest_kv = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)
+    planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=kv_format,
+                         page_size=cache.page_size, max_q_len=max(1, longest_q), max_kv_len=longest_kv,
+                         device=q.device, backend=backend, return_lse=return_lse,
+                         strided_pages=not cache.pages_back_to_back, strict=strict)
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 
-def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
-    """(Plan, module) of the first backend that reads pages and can serve this decode: the arch's compiled ones
-    that define run_paged, then torch. A forced backend that cannot serve raises."""
+def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse, strided_pages, strict):
+    """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
+    Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
+    error); a forced backend that cannot serve raises."""
     arch = device_arch(device)
     forced = backend or forced_backend()
     names = (forced,) if forced is not None else backends.native_backends(arch) + (backends.FALLBACK,)
@@ -214,21 +268,24 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend):
     for name in names:
         try:
             plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name)
+            problem = _paged_problem(plan, device, num_heads, max_q_len, return_lse, strided_pages)
         except ValueError as error:   # this backend cannot read the format
-            reasons.append(f"{name}: {error}")
-            continue
-        problem = _paged_problem(plan, device, num_heads)
+            plan, problem = None, str(error)
         if problem is None:
             source = plan.source if name == names[0] else plan.source + "+fallback"
             return replace(plan, source=source), backends.module(name)
         reasons.append(f"{name}: {problem}")
+        if forced is None and name != backends.FALLBACK:
+            api.report_fallback(name, problem, strict)
     raise RuntimeError(f"no backend can run this paged decode on {device}: {'; '.join(reasons)}")
 
 
-def _paged_problem(plan: Plan, device, num_heads: int):
+def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, strided_pages: bool):
     """None when plan.backend can serve this paged decode, else why not (the contiguous checks, self-check
-    included, plus a paged entry point)."""
+    included, plus a paged entry point and, when asked for, strided pages)."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not hasattr(backends.module(plan.backend), "run_paged"):
         reason = f"backend {plan.backend!r} reads contiguous caches only"
-    return reason or api._problem(plan, device, num_heads)
+    if reason is None and strided_pages and not backends.spec(plan.backend).strided_pages:
+        reason = STRIDED_PAGES_REASON
+    return reason or api._problem(plan, device, num_heads, max_q_len, return_lse)

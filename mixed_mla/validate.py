@@ -13,6 +13,8 @@
 The rules: both arrays start at 0 and never decrease; qo_indptr ends at total_q; kv_indptr ends within the cache.
 Error types: TypeError for dtypes, ValueError for shapes and contents, RuntimeError for devices.
 """
+import operator
+
 import torch
 
 from .constants import (KV_FORMATS, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
@@ -27,11 +29,32 @@ _NO_SEGMENT = 2 ** 31 - 1
 _error_flags = {}   # torch.device -> its flag tensor: one per device this process launched a compiled kernel on
 PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
+FP8_DATA_DTYPES = (FP8_DTYPE, torch.uint8)   # e4m3fn, or its bytes as serving engines often hold them
+FP8_SCALE_SHAPES = ((), (1,))               # one float32 per tensor: 0-dim (vLLM's k_scale) or (1,)
 
 
 def check_kv_format(kv_format: str) -> None:
     if kv_format not in KV_FORMATS:
         raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(KV_FORMATS)}")
+
+
+def check_fp8_scale(scale, device) -> None:
+    check_tensor("fp8 kv scale", scale, (torch.float32,), device)
+    if tuple(scale.shape) not in FP8_SCALE_SHAPES:
+        raise ValueError(f"fp8 kv scale must be one float32, shape () or (1,), got {tuple(scale.shape)}")
+
+
+def normalized_cache(kv_cache, kv_format: str):
+    """The cache as the backends read it, from one that the checks passed: fp8 data as e4m3fn and its scale as
+    (1,) (views, no copy); other formats as they are."""
+    if kv_format != "fp8":
+        return kv_cache
+    data, scale = kv_cache
+    if data.dtype != FP8_DTYPE:
+        data = data.view(FP8_DTYPE)
+    if scale.dim() == 0:
+        scale = scale.view(1)
+    return data, scale
 
 
 def check_tensor(name: str, t, dtypes, device: torch.device) -> None:
@@ -73,10 +96,9 @@ def check_kv_cache(kv_cache, kv_format: str, device: torch.device) -> int:
         return kv_cache.shape[0]
     if kv_format == "fp8":
         data, scale = _unpack_pair(kv_cache, kv_format, "data, scale")
-        check_tensor("fp8 kv data", data, (FP8_DTYPE,), device)
+        check_tensor("fp8 kv data", data, FP8_DATA_DTYPES, device)
         _check_kv_rows("fp8 kv data", data, QK_HEAD_DIM)
-        check_tensor("fp8 kv scale", scale, (torch.float32,), device)
-        _check_shape("fp8 kv scale", scale, (1,))
+        check_fp8_scale(scale, device)
         return data.shape[0]
     packed, scales = _unpack_pair(kv_cache, kv_format, "packed codes, e8m0 scales")
     check_tensor("mxfp4 packed codes", packed, PACKED_FP4_DTYPES, device)
@@ -125,8 +147,8 @@ def _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr):
     if not isinstance(aux, Tensor) or aux.device != device or not aux.is_contiguous():
         return None
     if kv_format == "fp8":
-        rows = _rows_if_valid_rows(data, (FP8_DTYPE,), QK_HEAD_DIM, device)
-        return rows if aux.dtype == torch.float32 and aux.shape == (1,) else None
+        rows = _rows_if_valid_rows(data, FP8_DATA_DTYPES, QK_HEAD_DIM, device)
+        return rows if aux.dtype == torch.float32 and aux.numel() == 1 and aux.dim() <= 1 else None
     rows = _rows_if_valid_rows(data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
     return rows if rows is not None and aux.dtype in E8M0_DTYPES and aux.shape == mxfp4_scale_shape(rows) else None
 
@@ -176,10 +198,10 @@ def check_indptr_contents(qo_host: list, kv_host: list, total_q=None, total_kv=N
                                             ("kv_indptr", kv_host, total_kv, False)):
         if values[0] != 0:
             raise ValueError(f"{name}[0] must be 0, got {values[0]}")
-        for b in range(len(values) - 1):
-            if values[b + 1] < values[b]:
-                raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}] = {values[b + 1]} < "
-                                 f"{name}[{b}] = {values[b]}")
+        if not all(map(operator.le, values, values[1:])):   # C-level pairwise test; the loop only explains
+            b = next(b for b in range(len(values) - 1) if values[b + 1] < values[b])
+            raise ValueError(f"{name} must be non-decreasing: {name}[{b + 1}] = {values[b + 1]} < "
+                             f"{name}[{b}] = {values[b]}")
         if total is not None and (values[-1] > total or (must_cover and values[-1] != total)):
             relation = "equal" if must_cover else "be at most"
             raise ValueError(f"{name}[-1] = {values[-1]} must {relation} the number of rows, {total}")

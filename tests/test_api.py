@@ -8,6 +8,8 @@ import torch
 from mixed_mla import api, backends, exact, planner
 from mixed_mla.constants import DEFAULT_SM_SCALE
 
+from conftest import build_case
+
 
 @pytest.fixture(autouse=True)
 def clean_state(monkeypatch):
@@ -213,3 +215,64 @@ def test_a_plan_swapped_into_a_decode_plan_gets_a_workspace_of_its_own(make_case
     planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, backend="torch")
     swapped = dataclasses.replace(planned, plan=dataclasses.replace(planned.plan, num_splits=8))
     assert (planned.workspace, swapped.workspace) == ((1, 2), (8, 2)) and made == [(1, 2), (8, 2)]
+
+
+def lse_error(lse, ref_lse) -> float:
+    """Relative L2 of an LSE against the exact float64 one over the rows that attend something; inf when the rows
+    that attend nothing (-inf) differ."""
+    finite = torch.isfinite(ref_lse)
+    if not torch.equal(finite, torch.isfinite(lse.double())) or not torch.equal(
+            lse.double()[~finite], ref_lse[~finite]):
+        return float("inf")
+    return exact.relative_l2(lse[finite], ref_lse[finite])
+
+
+def _lse_targets(device_backend):
+    device, name = device_backend
+    if not backends.spec(name).lse:
+        pytest.skip(f"{name} does not write the LSE (SPEC.lse False): plans that ask route elsewhere")
+    return device, name
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_lse_is_the_natural_log_sum_exp(device_backend, kv_format):
+    """Every backend that writes the LSE, against exact float64 logsumexp under the strict bound; a base-2 LSE (what
+    kernels compute internally) misses it by 44%, so the check fails on a wrong base."""
+    device, name = _lse_targets(device_backend)
+    if not backends.supports(name, kv_format, 16):
+        pytest.skip(f"{name} does not read {kv_format}")
+    case = build_case([1, 2, 4, 1], [300, 1, 77, 0], device=device)   # a row that sees nothing, an empty segment
+    cache = case.cache(kv_format)
+    out, lse = api.decode(case.q, cache, case.qo_indptr, case.kv_indptr, kv_format=kv_format, backend=name,
+                          return_lse=True)
+    ref, ref_lse = exact.exact_attention(case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, DEFAULT_SM_SCALE,
+                                         return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (8, 16)
+    assert _error(out, case, kv_format, cache) < exact.STRICT_BOUND[kv_format]
+    assert lse_error(lse, ref_lse) < exact.STRICT_BOUND[kv_format]
+    assert lse_error(lse / torch.log(torch.tensor(2.0)), ref_lse) > 0.4          # log2: refused
+    assert lse_error(lse.nan_to_num(neginf=0.0), ref_lse) == float("inf")         # -inf rows must stay -inf
+
+
+def test_a_plan_that_needs_the_lse_routes_past_a_backend_without_it(make_case, monkeypatch):
+    _fake_gfx950(monkeypatch, hip="no ROCm build here", aiter=_FakeBackend())
+    case = make_case([1, 1], [100, 50])
+    with pytest.warns(RuntimeWarning) as caught:
+        planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="fp8", return_lse=True)
+    assert planned.plan.backend == "torch" and api.LSE_REASON in str(caught[-1].message)
+    out, lse = planned.run(case.q, case.cache("fp8"), case.qo_indptr, case.kv_indptr)
+    assert lse.shape == (2, 16)
+    with pytest.raises(RuntimeError, match="strict=True forbids the fallback"):
+        api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="fp8", return_lse=True, strict=True)
+    with pytest.raises(ValueError, match="lse= was given to a plan made without return_lse=True"):
+        api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="fp8", backend="torch").run(
+            case.q, case.cache("fp8"), case.qo_indptr, case.kv_indptr, lse=torch.empty(2, 16))
+
+
+def test_strict_raises_where_a_fallback_would_warn(make_case, monkeypatch):
+    monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
+    case = make_case([1], [64])
+    with pytest.raises(RuntimeError, match="not using backend 'cuda_sm90' .* strict=True forbids the fallback"):
+        api.decode(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr, kv_format="bf16", strict=True)
+    with pytest.raises(ValueError, match="unknown kv_format 'bf17'; expected one of bf16, fp8, mxfp4"):
+        api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="bf17")

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from mixed_mla import backends, exact, formats, paged
+from mixed_mla import api, backends, exact, formats, paged
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, QK_HEAD_DIM
 
 PAGE_SIZES = (1, 16, 64)
@@ -90,10 +90,10 @@ def _error(out, case, kv_format):
     return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
 
 
-def _decode(case, device, backend):
+def _decode(case, kv_format, device, backend):
     q, cache, _, qo, _, table, lens = case
-    fmt = paged.paged_cache_of(cache, q.device)
-    planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format=fmt.kv_format,
+    fmt = paged.paged_cache_of(cache, kv_format, q.device)
+    planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format=kv_format,
                                page_size=fmt.page_size, backend=backend)
     assert planned.plan.backend == backend
     return planned.run(q, cache, qo, table, lens, validate=True)
@@ -107,7 +107,7 @@ def _decode(case, device, backend):
 def test_paged_decode_matches_exact_attention(target, kv_format, page_size, layout, num_heads):
     device, backend = target
     case = make_paged_case(*layout, num_heads, page_size, kv_format, seed=page_size + num_heads, device=device)
-    out = _decode(case, device, backend)
+    out = _decode(case, kv_format, device, backend)
     err = _error(out, case, kv_format)
     assert err <= exact.STRICT_BOUND[kv_format], f"relative L2 {err:.3g} on {device} {backend}"
 
@@ -116,7 +116,7 @@ def test_paged_decode_matches_exact_attention(target, kv_format, page_size, layo
 def test_every_head_count_through_the_one_shot_call(num_heads):
     case = make_paged_case([2, 1], [70, 5], num_heads, 16, "bf16", seed=num_heads, device="cpu")
     q, cache, _, qo, _, table, lens = case
-    out = paged.decode_paged(q, cache, qo, table, lens)
+    out = paged.decode_paged(q, cache, qo, table, lens, kv_format="bf16")
     assert _error(out, case, "bf16") <= exact.STRICT_BOUND["bf16"]
 
 
@@ -129,7 +129,7 @@ def test_reading_the_wrong_pages_fails_the_bound(target):
     q, cache, contiguous, qo, kvi, table, lens = case
     swapped = table.clone()
     swapped[0, :3] = table[1, :3]
-    out = _decode((q, cache, contiguous, qo, kvi, swapped, lens), device, backend)
+    out = _decode((q, cache, contiguous, qo, kvi, swapped, lens), "bf16", device, backend)
     assert _error(out, case, "bf16") > 0.3
 
 
@@ -152,13 +152,13 @@ def test_the_cache_is_left_untouched():
     case = make_paged_case([1, 3], [40, 9], 4, 16, "mxfp4", seed=3, device="cpu")
     q, cache, _, qo, _, table, lens = case
     before = [formats.as_uint8(t).clone() for t in cache]
-    paged.decode_paged(q, cache, qo, table, lens)
+    paged.decode_paged(q, cache, qo, table, lens, kv_format="mxfp4")
     assert all(torch.equal(formats.as_uint8(t), b) for t, b in zip(cache, before))
 
 
 def _bad(case, **change):
     q, cache, _, qo, _, table, lens = case
-    args = dict(q=q, kv_cache=cache, qo_indptr=qo, block_table=table, seq_lens=lens) | change
+    args = dict(q=q, kv_cache=cache, qo_indptr=qo, block_table=table, seq_lens=lens, kv_format="bf16") | change
     return paged.decode_paged(args.pop("q"), args.pop("kv_cache"), **args)
 
 
@@ -171,6 +171,13 @@ def _bad(case, **change):
     (lambda c: dict(kv_cache=c[1].float()), TypeError, "dtype"),
     (lambda c: dict(kv_cache=c[1][:, :, :512].contiguous()), ValueError, "shape"),
     (lambda c: dict(q=c[0][:, :3].contiguous()), ValueError, "3 heads"),
+    (lambda c: dict(kv_format="fp16"), ValueError, "unknown kv_format 'fp16'; expected one of bf16, fp8, mxfp4"),
+    # the declared format names the error, never a guess from the tensors
+    (lambda c: dict(kv_format="fp8"), TypeError, "a fp8 kv_cache is a pair \\(data, scale\\)"),
+    (lambda c: dict(kv_format="fp8", kv_cache=(c[1], torch.ones(1))), TypeError, "fp8 kv data must have dtype"),
+    (lambda c: dict(kv_format="mxfp4", kv_cache=(c[1], torch.ones(1))), TypeError, "mxfp4 packed codes must have"),
+    (lambda c: dict(kv_cache=c[1].transpose(1, 2).contiguous().transpose(1, 2)), ValueError,
+     "rows contiguously"),
 ])
 def test_bad_input_is_refused_with_a_clear_error(change, error, match):
     case = make_paged_case([1, 1], [2, 20], 4, 16, "bf16", seed=4, device="cpu")
@@ -184,6 +191,8 @@ def test_a_plan_refuses_another_layout():
     planned = paged.plan_paged(qo, table, lens, num_heads=4, kv_format="bf16", page_size=16)
     with pytest.raises(ValueError, match="plan again"):
         planned.run(q, cache, qo, torch.cat([table, table], dim=1), lens)
+    with pytest.raises(ValueError, match="unknown kv_format 'bf61'"):
+        paged.plan_paged(qo, table, lens, num_heads=4, kv_format="bf61", page_size=16)
 
 
 def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
@@ -191,9 +200,65 @@ def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
     that reads pages, torch, even where both are available."""
     monkeypatch.setattr(paged, "device_arch", lambda device: "gfx950")
     monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
     case = make_paged_case([1], [20], 8, 16, "fp8", seed=6, device="cpu")
     q, cache, _, qo, _, table, lens = case
-    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16)
+    with pytest.warns(RuntimeWarning) as caught:   # as a contiguous plan warns: once per backend passed over
+        planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16)
+    assert [str(w.message).split("'")[1] for w in caught] == ["hip_gfx950", "aiter"]
+    assert all("reads contiguous caches only" in str(w.message) for w in caught)
     assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
+    with pytest.raises(RuntimeError, match="not using backend 'hip_gfx950' .* strict=True forbids the fallback"):
+        paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, strict=True)
     with pytest.raises(RuntimeError, match="reads contiguous caches only"):
         paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, backend="hip_gfx950")
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_paged_lse_is_the_natural_log_sum_exp(target, kv_format):
+    from test_api import lse_error
+    device, backend = target
+    if not backends.spec(backend).lse:
+        pytest.skip(f"{backend} does not write the LSE")
+    case = make_paged_case([1, 1, 2], [0, 200, 33], 16, 16, kv_format, seed=9, device=device)
+    q, cache, contiguous, qo, kvi, table, lens = case
+    planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format=kv_format, page_size=16, backend=backend,
+                               return_lse=True)
+    out, lse = planned.run(q, cache, qo, table, lens)
+    _, ref_lse = exact.exact_attention(q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE, return_lse=True)
+    assert _error(out, case, kv_format) <= exact.STRICT_BOUND[kv_format]
+    assert lse_error(lse, ref_lse) <= exact.STRICT_BOUND[kv_format]
+    assert lse_error(lse / math.log(2), ref_lse) > 0.4
+
+
+def _strided(cache, extra_rows):
+    """The same pages as a view into a larger buffer: each page followed by `extra_rows` rows of NaN encodings."""
+    def widen(t):
+        poison = float("nan") if t.dtype == torch.bfloat16 else 0xFF
+        buffer = torch.full((t.shape[0], t.shape[1] + extra_rows, t.shape[2]), poison,
+                            dtype=torch.bfloat16 if t.dtype == torch.bfloat16 else torch.uint8)
+        view = buffer[:, :t.shape[1]]
+        view.copy_(t if t.dtype == torch.bfloat16 else formats.as_uint8(t))
+        return view if t.dtype == torch.bfloat16 else view.view(t.dtype)
+    if isinstance(cache, tuple):
+        data, aux = cache
+        return widen(data), (aux if aux.dtype == torch.float32 else widen(aux))
+    return widen(cache)
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_pages_that_are_not_back_to_back(kv_format):
+    """A cache whose pages lie further apart than page_size rows (a view into a larger buffer, NaN between the
+    pages): read by a strided_pages plan (torch), refused by one without, exact either way it is read."""
+    case = make_paged_case([1, 2], [70, 33], 8, 16, kv_format, seed=11, device="cpu")
+    q, cache, _, qo, _, table, lens = case
+    strided = _strided(cache, extra_rows=5)
+    planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format=kv_format, page_size=16, strided_pages=True)
+    assert planned.plan.backend == "torch"
+    assert _error(planned.run(q, strided, qo, table, lens), case, kv_format) <= exact.STRICT_BOUND[kv_format]
+    assert _error(paged.decode_paged(q, strided, qo, table, lens, kv_format=kv_format), case,
+                  kv_format) <= exact.STRICT_BOUND[kv_format]
+    back_to_back = paged.plan_paged(qo, table, lens, num_heads=8, kv_format=kv_format, page_size=16)
+    with pytest.raises(ValueError, match="not back to back .* plan with strided_pages=True"):
+        back_to_back.run(q, strided, qo, table, lens)

@@ -67,7 +67,8 @@ def test_inputs_on_two_devices_are_refused(good):
 
 @pytest.mark.parametrize("change, error, message", [
     (lambda data, scale: (data, scale.double()), TypeError, "fp8 kv scale must have dtype torch.float32"),
-    (lambda data, scale: (data, scale.expand(2).contiguous()), ValueError, "fp8 kv scale must have shape (1,)"),
+    (lambda data, scale: (data, scale.expand(2).contiguous()), ValueError, "fp8 kv scale must be one float32, shape () or (1,)"),
+    (lambda data, scale: (data, scale.reshape(1, 1)), ValueError, "fp8 kv scale must be one float32"),
     (lambda data, scale: (data.view(torch.int8), scale), TypeError, "fp8 kv data must have dtype"),
     (lambda data, scale: data, TypeError, "a fp8 kv_cache is a pair (data, scale)"),
 ])
@@ -93,6 +94,14 @@ def test_bad_mxfp4_cache(good, change, error, message):
     with pytest.raises(error) as raised:
         _decode(good, kv_cache=change(packed, scales), kv_format="mxfp4")
     assert message in str(raised.value)
+
+
+def test_uint8_fp8_data_and_a_0_dim_scale_are_accepted(good):
+    """vLLM holds an fp8 cache as uint8 bytes and its k_scale as a 0-dim float32: both read as e4m3fn / (1,)."""
+    data, scale = formats.quantize_fp8(good["kv_cache"])
+    expected = _decode(good, kv_cache=(data, scale), kv_format="fp8")
+    for cache in ((formats.as_uint8(data), scale), (data, scale.reshape(())), (formats.as_uint8(data), scale[0])):
+        assert torch.equal(_decode(good, kv_cache=cache, kv_format="fp8"), expected)
 
 
 def test_uint8_views_of_the_mxfp4_cache_are_accepted(good):

@@ -3,10 +3,16 @@
 A backend is one module in this package. It declares everything the planner, the router and the bundler need
 to know about it in ONE place, its `SPEC` (a BackendSpec below), and defines two functions:
     available(device) -> str | None     None when usable on `device`, else the reason it is not
-    run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len[, workspace]) -> None
+    run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len[, workspace][, lse]) -> None
                                         writes `out`; `workspace` is passed when SPEC.workspace is set (what
                                         SPEC.workspace made at plan time); a backend with a workspace must also
-                                        accept being called without one (then it allocates for that call only)
+                                        accept being called without one (then it allocates for that call only);
+                                        `lse` is passed only to a backend whose SPEC.lse is True, and only when the
+                                        caller asked for it: float32 (total_q, H), contiguous, on q's device, to
+                                        hold the natural-log log-sum-exp of each row's scaled scores over the keys
+                                        it attends (-inf for a row that attends nothing)
+    run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len[, workspace]
+              [, lse])                  optional: the paged form (mixed_mla/paged.py), same rules
 Its import must not fail for a missing toolchain or device: anything optional is imported inside `available`.
 Adding a backend = its module + one line in REGISTRY. Registry order is the preference order among the
 backends native to one arch; FALLBACK serves every device and is the last resort.
@@ -51,6 +57,8 @@ class BackendSpec:
     serves: Optional[Callable] = None      # kv_format -> bool: a run-time narrowing of `formats` (an opt-in, read
                                            # on every plan); None: every format it reads
     lse: bool = False   # whether run(..., lse=) writes the log-sum-exp
+    strided_pages: bool = False   # whether run_paged reads caches whose pages are not back to back (page stride >
+                                  # page_size x row): the kernels' params carry one row stride, flat over pages
 
     def __post_init__(self):
         if self.fastest_format not in self.formats or not self.variants:

@@ -184,7 +184,10 @@ from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 SPEC = BackendSpec(
     name="aiter", archs=("gfx950", "gfx942"), formats=AITER_FORMATS, fastest_format="fp8",
     num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0), variants=VARIANTS,
-    page_sizes=(1, 2, 8), workspace=make_workspace)
+    page_sizes=(1, 2, 8), workspace=make_workspace,
+    # lse False: this route does not ask aiter's decode for its log-sum-exp (mla_decode_fwd's return_lse is untested
+    # by any run of ours), so a plan that needs the LSE routes to the next backend (api.LSE_REASON)
+    lse=False)
 # ---- end of the backend declaration ----
 
 

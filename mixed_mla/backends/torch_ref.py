@@ -19,7 +19,7 @@ from ..validate import check_indptr_contents, indptr_to_host
 
 # Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
 SPEC = BackendSpec(name="torch", formats=KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
-                   splits_kv=False)
+                   splits_kv=False, lse=True, strided_pages=True)
 
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
 # segments instead of one 4.8 GB dequantised copy of the cache.
@@ -30,9 +30,10 @@ def available(device):
     return None
 
 
-def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
-    """Write attention for every query row of q into out; `plan` and `max_q_len` do not matter here.
-    The indptr contents are read on the host anyway, so bad ones raise here (validate.check_indptr_contents)."""
+def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None, lse=None):
+    """Write attention for every query row of q into out, and its natural-log LSE into `lse` (total_q, H) float32
+    when given; `plan`, `max_q_len` and `workspace` do not matter here. The indptr contents are read on the host
+    anyway, so bad ones raise here (validate.check_indptr_contents)."""
     qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
     kv_rows = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[0]
     check_indptr_contents(qo, kvp, q.shape[0], kv_rows)
@@ -46,7 +47,7 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     batch = len(qo) - 1
     for first in range(0, batch, segments_per_chunk):
         last = min(batch, first + segments_per_chunk)
-        _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo[first:last + 1], kvp[first:last + 1],
+        _attend_chunk(q, kv_cache, kv_format, out, lse, sm_scale, qo[first:last + 1], kvp[first:last + 1],
                       q_lens[first:last], kv_lens[first:last])
 
 
@@ -58,7 +59,7 @@ def _dequantize_rows(kv_cache, kv_format, start, stop):
     return dequantize((data[start:stop], scale if kv_format == "fp8" else scale[start:stop]), kv_format)
 
 
-def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_lens):
+def _attend_chunk(q, kv_cache, kv_format, out, lse, sm_scale, qo, kvp, q_lens, kv_lens):
     """Segments whose host indptr slices are qo / kvp (local lengths q_lens / kv_lens, CPU int64)."""
     q_first, q_stop = qo[0], qo[-1]
     if q_stop == q_first:
@@ -67,6 +68,8 @@ def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_len
     longest_q, longest_kv = int(q_lens.max()), int(kv_lens.max())
     if longest_kv == 0:
         out[q_first:q_stop].zero_()
+        if lse is not None:
+            lse[q_first:q_stop] = float("-inf")
         return
     keys = _dequantize_rows(kv_cache, kv_format, kvp[0], kvp[-1])    # (rows, 576)
     queries = q[q_first:q_stop].to(torch.float32)                      # (rows, H, 576)
@@ -100,7 +103,14 @@ def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_len
     probs = scores.sub_(row_max).exp_()
     # A row that sees anything has its maximum term exp(0) = 1, so its sum is >= 1; a row that sees nothing sums
     # to exactly 0 with a zero numerator: clamping the sum at 1 leaves the first exact and makes the second zero.
-    denominator = probs.sum(dim=-1, keepdim=True).clamp_min_(1.0)
+    denominator = probs.sum(dim=-1, keepdim=True)
+    if lse is not None:   # natural log; log(0) = -inf for a row that sees nothing (its row_max was made 0)
+        row_lse = (row_max + denominator.log()).view(num_segments, longest_q, num_heads)
+        if uniform:
+            lse[q_first:q_stop] = row_lse.view(-1, num_heads)
+        else:
+            lse.index_copy_(0, q_rows, row_lse[q_real.to(device)])
+    denominator.clamp_min_(1.0)
     values = torch.bmm(probs.view(num_segments, longest_q * num_heads, longest_kv), k_pad[:, :, :V_HEAD_DIM])
     values = values.view(num_segments, longest_q, num_heads, V_HEAD_DIM).div_(denominator).to(out.dtype)
     if uniform:
@@ -114,9 +124,11 @@ def _attend_chunk(q, kv_cache, kv_format, out, sm_scale, qo, kvp, q_lens, kv_len
 _PAGED_ROWS_PER_GROUP = 1 << 20
 
 
-def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len):
+def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
+              workspace=None, lse=None):
     """The paged form (mixed_mla/paged.py): each group of sequences' rows are gathered through the block table
-    (rows past a sequence's length, and pages it does not own, are never read) and decoded as above."""
+    (rows past a sequence's length, and pages it does not own, are never read) and decoded as above. Pages need
+    not be back to back (any page stride): rows are indexed by (page, row), never through a flattened cache."""
     qo = qo_indptr.tolist()
     lengths = seq_lens.tolist()
     page_size = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[1]
@@ -126,30 +138,36 @@ def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, pla
         while last < len(lengths) and (last == first or rows + lengths[last] <= _PAGED_ROWS_PER_GROUP):
             rows += lengths[last]
             last += 1
-        rows_of = [_page_rows(block_table[b], lengths[b], page_size) for b in range(first, last)]
-        physical = torch.cat(rows_of) if rows_of else block_table.new_zeros(0)
+        pages, offsets = _page_rows(block_table[first:last], lengths[first:last], page_size)
         group_qo = torch.tensor([x - qo[first] for x in qo[first:last + 1]], dtype=torch.int32)
         group_kv = torch.tensor([0] + lengths[first:last], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        run(q[qo[first]:qo[last]], _gather_rows(kv_cache, kv_format, physical.long()), kv_format, group_qo,
-            group_kv, out[qo[first]:qo[last]], plan, sm_scale, max_q_len)
+        run(q[qo[first]:qo[last]], _gather_rows(kv_cache, kv_format, pages, offsets), kv_format, group_qo,
+            group_kv, out[qo[first]:qo[last]], plan, sm_scale, max_q_len,
+            lse=None if lse is None else lse[qo[first]:qo[last]])
         first = last
 
 
-def _page_rows(table_row, length, page_size):
-    """Flat row ids (page * page_size + offset) of positions 0 .. length - 1 of one sequence."""
-    positions = torch.arange(length, device=table_row.device)
-    return table_row[positions // page_size] * page_size + positions % page_size
+def _page_rows(table_rows, lengths, page_size):
+    """(page ids, rows within the page) of positions 0 .. length - 1 of each sequence of a group, in order: one
+    repeat_interleave for the group, no loop over its sequences."""
+    device = table_rows.device
+    counts = torch.tensor(lengths, dtype=torch.long, device=device)
+    total = int(sum(lengths))
+    sequence = torch.repeat_interleave(torch.arange(len(lengths), device=device), counts, output_size=total)
+    starts = torch.cumsum(counts, 0) - counts
+    positions = torch.arange(total, device=device) - starts[sequence]
+    return table_rows[sequence, positions // page_size].long(), positions % page_size
 
 
-def _gather_rows(kv_cache, kv_format, rows):
+def _gather_rows(kv_cache, kv_format, pages, offsets):
     """The rows of a paged cache as a contiguous cache of the same format ((N, 1, ...), padded mxfp4 scales).
     1-byte formats are gathered as bytes: torch indexes few of their dtypes."""
     if kv_format == "bf16":
-        return kv_cache.flatten(0, 1)[rows].unsqueeze(1)
+        return kv_cache[pages, offsets].unsqueeze(1)
     data, aux = kv_cache
-    data_rows = as_uint8(data).flatten(0, 1)[rows].unsqueeze(1).view(data.dtype)
+    data_rows = as_uint8(data)[pages, offsets].unsqueeze(1).view(data.dtype)
     if kv_format == "fp8":
         return data_rows, aux
-    scales = torch.zeros(mxfp4_scale_shape(rows.shape[0]), dtype=torch.uint8, device=aux.device)
-    scales[:rows.shape[0]] = as_uint8(aux).flatten(0, 1)[rows]
+    scales = torch.zeros(mxfp4_scale_shape(pages.shape[0]), dtype=torch.uint8, device=aux.device)
+    scales[:pages.shape[0]] = as_uint8(aux)[pages, offsets]
     return data_rows, scales.view(aux.dtype)
