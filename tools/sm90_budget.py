@@ -8,7 +8,10 @@ tokens, are the warp instructions an SM issues per token, by class. docs/sm90.md
 against the rate the shipped fp8 loop issues at on the H200, to predict a design's cycles per token before it is
 built and measured; the counts are static (the rare rebase path of the softmax is inside the loop and counted).
 
-Usage: python tools/sm90_budget.py [--json]   (exit status 2 when nvcc or nvdisasm is missing)
+With --probe it counts the tile loops of benchmarks/sm90/mxfp4_wgmma_probe.cu instead (issue 34's warpgroup-MMA
+MXFP4 design: one warpgroup per 64-token tile; wgmma is HGMMA in the listing, one per m64n32k32).
+
+Usage: python tools/sm90_budget.py [--json] [--probe]   (exit status 2 when nvcc or nvdisasm is missing)
 """
 import argparse
 import importlib.util
@@ -30,14 +33,15 @@ TILE_TOKENS = {"fp8, tile64": 64}   # config.h: kFp8Tile64 tiles are 64 tokens, 
 DEFAULT_TILE_TOKENS = 32
 # Instruction classes by opcode (the mnemonic before its first dot); everything else counts as "other".
 CLASSES = {
-    "tensor": ("HMMA",),
+    "tensor": ("HMMA", "HGMMA", "QGMMA"),   # QGMMA: wgmma with fp8 operands
     "convert": ("F2FP", "F2F", "I2F", "F2I", "I2FP"),
     "integer": ("PRMT", "LOP3", "SHF", "IMAD", "IADD3", "LEA", "VIADD", "SEL", "ISETP", "IABS", "VIMNMX",
                 "VIADDMNMX", "IMNMX", "SGXT", "BMSK"),
     "float": ("FFMA", "FMUL", "FADD", "FMNMX", "MUFU", "FSETP", "FSEL", "FCHK", "HMUL2", "HFMA2", "HADD2"),
     "shared": ("LDS", "STS", "LDSM", "ATOMS", "MOVM"),
     "global": ("LDG", "STG", "LDGSTS", "LDGDEPBAR", "UTMALDG", "SYNCS", "RED", "ATOMG"),
-    "control": ("BRA", "BAR", "BSSY", "BSYNC", "WARPSYNC", "ELECT", "PLOP3", "DEPBAR", "SHFL", "VOTE"),
+    "control": ("BRA", "BAR", "BSSY", "BSYNC", "WARPSYNC", "ELECT", "PLOP3", "DEPBAR", "SHFL", "VOTE",
+                "WARPGROUP"),
 }
 INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
 LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -84,7 +88,7 @@ def tile_loop(opcodes: list, labels: dict, branches: list) -> tuple:
     loops = [(labels[target], index) for index, target in branches if labels.get(target, index + 1) <= index]
     if not loops:
         raise ValueError("no loop in this function")
-    hmma = {loop: sum(op.startswith("HMMA") for op in opcodes[loop[0]:loop[1] + 1]) for loop in loops}
+    hmma = {loop: sum(op.startswith(("HMMA", "HGMMA", "QGMMA")) for op in opcodes[loop[0]:loop[1] + 1]) for loop in loops}
     most = max(hmma.values())
     if most == 0:
         raise ValueError("no loop holds an HMMA")
@@ -102,12 +106,31 @@ def budget(kernel: str, body: str) -> LoopBudget:
     return result
 
 
-def split_kernels(sass: str) -> list:
-    """(readable name, body) of every decode_split_kernel in an nvdisasm listing."""
+PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "sm90" / "mxfp4_wgmma_probe.cu"
+PROBE_KERNEL = "tile_loop_kernel"
+PROBE_TILE_TOKENS = 64   # the probe's kTileTokens (wgmma M); its CTA is one warpgroup, WARPS warps
+PROBE_VARIANTS = {"0": "full", "1": "no O^T", "2": "no decode"}   # the probe's Variant enum
+
+
+def split_kernels(sass: str, kernel: str = "decode_split_kernel") -> list:
+    """(readable name, body) of every `kernel` in an nvdisasm listing."""
     starts = [(m.start(), m.group(1)) for m in FUNCTION.finditer(sass)]
     functions = [(name, sass[pos:starts[i + 1][0] if i + 1 < len(starts) else len(sass)])
                  for i, (pos, name) in enumerate(starts)]
-    return [(sm90_report.demangle_name(name), body) for name, body in functions if "decode_split_kernel" in name]
+    return [(sm90_report.demangle_name(name) if kernel == "decode_split_kernel" else name, body)
+            for name, body in functions if kernel in name]
+
+
+def probe_budget(name: str, body: str) -> LoopBudget:
+    """The probe's tile loop (the loop over iterations of its resident tile) per token."""
+    variant = PROBE_VARIANTS[re.search(r"tile_loop_kernelILi(\d)E", name).group(1)]
+    opcodes, labels, branches = parse_function(body)
+    first, last = tile_loop(opcodes, labels, branches)
+    result = LoopBudget(f"mxfp4 wgmma tile loop <{variant}>", PROBE_TILE_TOKENS)
+    result.by_class = dict(Counter(opcode_class(op) for op in opcodes[first:last + 1]))
+    result.per_tile = last - first + 1
+    result.per_token = result.per_tile * WARPS / result.tile_tokens
+    return result
 
 
 def find_nvdisasm():
@@ -121,10 +144,10 @@ def find_nvdisasm():
     return None
 
 
-def disassemble(nvcc: str, nvdisasm: str, source_dir: Path) -> str:
+def disassemble(nvcc: str, nvdisasm: str, source: Path) -> str:
     flags = [f for f in sm90_report.NVCC_FLAGS if f not in ("-Xptxas", "-v")]
     with tempfile.TemporaryDirectory() as tmp:
-        built = subprocess.run([nvcc, *flags, "-cubin", str(source_dir / "decode.cu"), "-o", f"{tmp}/decode.cubin"],
+        built = subprocess.run([nvcc, *flags, "-cubin", str(source), "-o", f"{tmp}/decode.cubin"],
                                capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(f"nvcc failed:\n{built.stderr}")
@@ -135,14 +158,19 @@ def disassemble(nvcc: str, nvdisasm: str, source_dir: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--probe", action="store_true", help="count benchmarks/sm90/mxfp4_wgmma_probe.cu's loops")
     args = parser.parse_args()
     nvcc = sm90_report.find_nvcc()
     nvdisasm = find_nvdisasm()
     if nvcc is None or nvdisasm is None:
         print("needs nvcc and nvdisasm (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
-    sass = disassemble(nvcc, nvdisasm, sm90_report.materialize(sm90_report.KERNEL_DIR))
-    budgets = [budget(name, body) for name, body in split_kernels(sass)]
+    if args.probe:
+        sass = disassemble(nvcc, nvdisasm, PROBE)
+        budgets = [probe_budget(name, body) for name, body in split_kernels(sass, PROBE_KERNEL)]
+    else:
+        sass = disassemble(nvcc, nvdisasm, sm90_report.materialize(sm90_report.KERNEL_DIR) / "decode.cu")
+        budgets = [budget(name, body) for name, body in split_kernels(sass)]
     if args.json:
         print(json.dumps([asdict(b) | {"hmma_per_token": b.hmma_per_token} for b in budgets], indent=1))
         return 0
