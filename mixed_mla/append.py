@@ -20,7 +20,7 @@ Bad slots (below -1, past the cache, or one slot twice) and a non-positive or no
 """
 import torch
 
-from .constants import KV_FORMATS, MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM
+from .constants import MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM
 from .formats import FP8_DTYPE, as_uint8, encode_fp8, encode_mxfp4_rows
 from .validate import E8M0_DTYPES, PACKED_FP4_DTYPES, check_kv_format, check_tensor
 
