@@ -224,6 +224,7 @@ def mixed_mla_decode(model, prompt, reference_tokens, kv_format, sm_scale=None):
             cache.plan_step(torch.full((batch,), seq_len, dtype=torch.int32, device=device), seq_len)
             out = model(reference_tokens[:, step:step + 1], position_ids=position, use_cache=False)
             logits.append(out.logits[:, -1].float())
+    mixed_mla.append.raise_append_errors(device)   # the appends on a GPU checked their slots on the device
     logits = torch.stack(logits)
     return logits.argmax(-1).t(), logits
 

@@ -168,7 +168,7 @@ def _write(parts, new_bytes, slots, writable, page_size) -> None:
 
 def append_error_flag(device) -> torch.Tensor:
     """The violation bits that unvalidated appends on `device` recorded (made on first use; one per device)."""
-    device = torch.device(device)
+    device = _indexed(device)
     flag = _error_flags.get(device)
     if flag is None:
         flag = torch.zeros((), dtype=torch.int32, device=device)
@@ -181,7 +181,7 @@ def raise_append_errors(device=None) -> None:
 
     One device->host copy per device; the appends that broke a rule wrote nothing.
     """
-    devices = list(_error_flags) if device is None else [torch.device(device)]
+    devices = list(_error_flags) if device is None else [_indexed(device)]
     for key in devices:
         flag = _error_flags.get(key)
         if flag is None:
@@ -191,3 +191,11 @@ def raise_append_errors(device=None) -> None:
             flag.zero_()
             broken = "; ".join(text for bit, text in _VIOLATIONS if bits & bit)
             raise ValueError(f"an append_paged call on {key} was given {broken}: it wrote nothing")
+
+
+def _indexed(device) -> torch.device:
+    """`device` with its index ("cuda" -> "cuda:N", the current one), as tensors report theirs."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
