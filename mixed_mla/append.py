@@ -163,7 +163,8 @@ def _write(parts, new_bytes, slots, writable, page_size) -> None:
     page, offset = target // page_size, target % page_size
     any_writable = writable.any()
     for dest, new in zip(parts, new_bytes):
-        dest.index_put_((page, offset), torch.where(any_writable, new[source], dest[page, offset]))
+        there = dest[page[:1], offset[:1]]   # with no writable row, every index is this one slot: its own bytes
+        dest.index_put_((page, offset), torch.where(any_writable, new[source], there))
 
 
 def append_error_flag(device) -> torch.Tensor:
