@@ -85,13 +85,15 @@ def test_rows_appended_are_the_whole_cache_bytes(device, kv_format, page_size):
         cache = _empty_cache(kv_format, num_pages, page_size, device, layout, scale)
         gen = torch.Generator().manual_seed(page_size + 1)
         slots = torch.randperm(num_pages * page_size, generator=gen)[:n].to(device)
-        # three calls of uneven sizes, each with skipped (-1) padding rows interleaved
-        for start, stop in ((0, 1), (1, 64), (64, n)):
+        # three calls of uneven sizes, each with skipped (-1) padding rows interleaved, one per validation path
+        for (start, stop), validate in zip(((0, 1), (1, 64), (64, n)), (None, False, True)):
             padded_rows = torch.cat([rows[start:stop], rows[:3]])
             padded_slots = torch.cat([slots[start:stop], torch.full((3,), -1, device=device)])
             order = torch.randperm(padded_rows.shape[0], generator=gen).to(device)
-            mixed_mla.append_paged(cache, padded_rows[order], padded_slots[order], kv_format=kv_format)
+            mixed_mla.append_paged(cache, padded_rows[order], padded_slots[order], kv_format=kv_format,
+                                   validate=validate)
         _check_slots(cache, expected, slots, kv_format)
+        append.raise_append_errors(device)   # the device-flag call recorded nothing
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
