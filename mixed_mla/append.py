@@ -114,7 +114,7 @@ def _check_pages(name, t, dtypes, row_width, device):
 
 def _violations(slots, num_slots, scale) -> torch.Tensor:
     """int32 0-dim tensor of the violated rules' bits, computed on the slots' device (no sync)."""
-    out_of_range = ((slots < SKIP_SLOT) | (slots >= num_slots)).any()
+    out_of_range = _out_of_range(slots, num_slots).any()
     ordered = torch.sort(slots).values
     repeated = ((ordered[1:] == ordered[:-1]) & (ordered[1:] != SKIP_SLOT)).any()
     bits = out_of_range.to(torch.int32) * FLAG_SLOT_OUT_OF_RANGE + repeated.to(torch.int32) * FLAG_SLOT_REPEATED
@@ -124,12 +124,16 @@ def _violations(slots, num_slots, scale) -> torch.Tensor:
     return bits
 
 
+def _out_of_range(slots, num_slots) -> torch.Tensor:
+    return (slots < SKIP_SLOT) | (slots >= num_slots)
+
+
 def _raise_violations(bits: int, slots, num_slots) -> None:
     if not bits:
         return
     details = []
     if bits & FLAG_SLOT_OUT_OF_RANGE:
-        first = int(((slots < SKIP_SLOT) | (slots >= num_slots)).nonzero()[0])
+        first = int(_out_of_range(slots, num_slots).nonzero()[0])
         details.append(f"slot_mapping[{first}] = {int(slots[first])} is outside -1 .. {num_slots - 1} "
                        f"(num_pages x page_size - 1; -1 skips a row)")
     if bits & FLAG_SLOT_REPEATED:
