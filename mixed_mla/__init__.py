@@ -2,3 +2,4 @@
 
 from .api import DecodePlan, decode, plan  # noqa: F401  (the contiguous cache API)
 from .paged import PagedDecodePlan, decode_paged, plan_paged  # noqa: F401  (the paged cache API)
+from .append import append_paged  # noqa: F401  (writing new tokens' rows into a paged cache)

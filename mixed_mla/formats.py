@@ -38,8 +38,16 @@ def quantize_fp8(kv: torch.Tensor):
     # an empty cache has no amax; any positive scale encodes it
     amax = (kv.abs().amax() if kv.numel() else kv.new_zeros(())).clamp(min=1e-12)
     scale = amax / FP8_E4M3_MAX
-    data = (kv / scale).clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
-    return data, scale.to(torch.float32).reshape(1)
+    return encode_fp8(kv, scale), scale.to(torch.float32).reshape(1)
+
+
+def encode_fp8(kv: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes of kv / scale, elementwise (so rows encode alone to the bytes of the whole tensor): the quotient
+    is taken in float32 and rounded to kv's dtype first, which is what the generator's bf16 division does (one
+    rounding of the exact float32 quotient), then clamped to +-448. A float32 scale holding the generator's bf16
+    scale therefore gives the generator's bytes; any other float32 scale is used at full precision."""
+    quotient = (kv.to(torch.float32) / scale.to(torch.float32)).to(kv.dtype)
+    return quotient.clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
 
 
 def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -57,8 +65,11 @@ def mxfp4_scale_shape(num_rows: int):
 _MXFP4_ROWS_PER_STEP = 1 << 15
 
 
-def _encode_mxfp4_rows(x: torch.Tensor):
-    """float32 (n, 18, 32) -> packed codes (n, 288) uint8 and biased block exponents (n, 18) uint8."""
+def encode_mxfp4_rows(rows: torch.Tensor):
+    """(n, 576) rows -> packed e2m1 codes (n, 288) uint8 and biased e8m0 block exponents (n, 18) uint8.
+
+    Each row is encoded on its own, so any subset of rows gets the bytes the whole cache's encoding gives it."""
+    x = rows.reshape(rows.shape[0], MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK).to(torch.float32)
     amax_bits = x.abs().amax(dim=-1, keepdim=True).view(torch.int32)
     snapped = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK).view(torch.float32)
     exponent = (torch.log2(snapped).floor() - _E2M1_MAX_EXPONENT).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
@@ -76,13 +87,12 @@ def quantize_mxfp4(kv: torch.Tensor):
     The scale padding is left uninitialised, as in the generator: consumers must read only [:N, :18].
     """
     n = kv.shape[0]
-    rows = kv.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK)
+    rows = kv.reshape(n, QK_HEAD_DIM)
     packed = torch.empty(n, MXFP4_PACKED_ROW_BYTES, dtype=torch.uint8, device=kv.device)
     scales = torch.empty(mxfp4_scale_shape(n), dtype=torch.uint8, device=kv.device)
     for start in range(0, n, _MXFP4_ROWS_PER_STEP):
         stop = min(start + _MXFP4_ROWS_PER_STEP, n)
-        packed[start:stop], scales[start:stop, :MXFP4_BLOCKS_PER_ROW] = _encode_mxfp4_rows(
-            rows[start:stop].to(torch.float32))
+        packed[start:stop], scales[start:stop, :MXFP4_BLOCKS_PER_ROW] = encode_mxfp4_rows(rows[start:stop])
     return packed.reshape(n, 1, MXFP4_PACKED_ROW_BYTES).view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
 
 

@@ -1,0 +1,228 @@
+"""append_paged: rows written through a slot mapping land as the bytes the whole-cache quantisers give them.
+
+Each case quantises n rows at once (formats.quantize_fp8 / quantize_mxfp4: the generator's bytes, golden-tested),
+then appends the same rows into a cache full of poison bytes, in several calls, some slots -1, in a random slot
+order that crosses page boundaries; every written slot must hold that row's whole-cache bytes (fp8 with the
+whole-cache scale as the static scale) and every other byte the poison. Bad slots and a bad fp8 scale write nothing
+(the cache compared before and after), on the host-validated path and on the device-flag path alike.
+"""
+import math
+
+import pytest
+import torch
+
+import mixed_mla
+from mixed_mla import append, exact, formats, paged
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
+
+PAGE_SIZES = (1, 16, 64)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+POISON = 0x5A   # a byte pattern no test row encodes to everywhere: an unwritten slot is visible
+# (storage dtype of fp8 data, scale shape): what FlashInfer / the problem hold, and what vLLM holds
+FP8_LAYOUTS = [(torch.float8_e4m3fn, (1,)), (torch.uint8, ())]
+
+
+def _rows(n, seed, device):
+    gen = torch.Generator().manual_seed(seed)
+    # a spread of magnitudes per row, so the fp8 clamp, MXFP4 block exponents and tiny blocks all occur
+    rows = torch.randn(n, QK_HEAD_DIM, generator=gen) * torch.exp(2 * torch.randn(n, 1, generator=gen))
+    return rows.to(torch.bfloat16).to(device)
+
+
+def _empty_cache(kv_format, num_pages, page_size, device, fp8_layout=FP8_LAYOUTS[0], scale=None):
+    """A cache of the format with every byte POISON (bf16: the same bytes), fp8 with the given static scale."""
+    def pages(width, dtype=torch.uint8):
+        return torch.full((num_pages, page_size, width), POISON, dtype=torch.uint8, device=device).view(dtype)
+    if kv_format == "bf16":
+        return pages(2 * QK_HEAD_DIM).view(torch.bfloat16)
+    if kv_format == "fp8":
+        storage, scale_shape = fp8_layout
+        return pages(QK_HEAD_DIM, storage), scale.to(device).reshape(scale_shape)
+    return pages(QK_HEAD_DIM // 2, formats.FP4X2_DTYPE), pages(24, formats.E8M0_DTYPE)
+
+
+def _byte_rows(cache):
+    """Each part of a cache as uint8 (num_pages * page_size, row bytes)."""
+    parts = (cache,) if isinstance(cache, torch.Tensor) else cache
+    return [formats.as_uint8(t.view(torch.uint8) if t.dtype == torch.bfloat16 else t).reshape(
+        t.shape[0] * t.shape[1], -1) for t in parts if t.dim() == 3]
+
+
+def _whole_cache_bytes(rows, kv_format):
+    """(uint8 rows of each part as the whole-cache quantiser writes them, the fp8 scale or None)."""
+    n = rows.shape[0]
+    if kv_format == "bf16":
+        return [rows.view(torch.uint8)], None
+    if kv_format == "fp8":
+        data, scale = formats.quantize_fp8(rows.reshape(n, 1, QK_HEAD_DIM))
+        return [formats.as_uint8(data).reshape(n, -1)], scale
+    packed, scales = formats.quantize_mxfp4(rows.reshape(n, 1, QK_HEAD_DIM))
+    return [formats.as_uint8(packed).reshape(n, -1), formats.as_uint8(scales)[:n]], None
+
+
+def _check_slots(cache, expected, slots, kv_format):
+    """Written slots hold the expected bytes (MXFP4 scales: the 18 real columns), every other byte is POISON."""
+    for part, (got, want) in enumerate(zip(_byte_rows(cache), expected)):
+        if kv_format == "mxfp4" and part == 1:
+            assert torch.equal(got[slots, :MXFP4_BLOCKS_PER_ROW], want[:, :MXFP4_BLOCKS_PER_ROW])
+            assert bool((got[slots, MXFP4_BLOCKS_PER_ROW:] == POISON).all())   # the padding is left alone
+        else:
+            assert torch.equal(got[slots], want)
+        untouched = torch.ones(got.shape[0], dtype=torch.bool, device=got.device)
+        untouched[slots] = False
+        assert bool((got[untouched] == POISON).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_rows_appended_are_the_whole_cache_bytes(device, kv_format, page_size):
+    n, num_pages = 150, math.ceil(150 / page_size) + 2
+    rows = _rows(n, seed=page_size, device=device)
+    expected, scale = _whole_cache_bytes(rows, kv_format)
+    fp8_layouts = FP8_LAYOUTS if kv_format == "fp8" else FP8_LAYOUTS[:1]
+    for layout in fp8_layouts:
+        cache = _empty_cache(kv_format, num_pages, page_size, device, layout, scale)
+        gen = torch.Generator().manual_seed(page_size + 1)
+        slots = torch.randperm(num_pages * page_size, generator=gen)[:n].to(device)
+        # three calls of uneven sizes, each with skipped (-1) padding rows interleaved, one per validation path
+        for (start, stop), validate in zip(((0, 1), (1, 64), (64, n)), (None, False, True)):
+            padded_rows = torch.cat([rows[start:stop], rows[:3]])
+            padded_slots = torch.cat([slots[start:stop], torch.full((3,), -1, device=device)])
+            order = torch.randperm(padded_rows.shape[0], generator=gen).to(device)
+            mixed_mla.append_paged(cache, padded_rows[order], padded_slots[order], kv_format=kv_format,
+                                   validate=validate)
+        _check_slots(cache, expected, slots, kv_format)
+        append.raise_append_errors(device)   # the device-flag call recorded nothing
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_a_wrong_encoding_is_seen(kv_format):
+    """The negative control: the comparison above can fail. fp8 appended with another static scale, or MXFP4 rows
+    appended one row off, give other bytes."""
+    rows = _rows(32, seed=9, device="cpu")
+    expected, scale = _whole_cache_bytes(rows, kv_format)
+    cache = _empty_cache(kv_format, 4, 16, "cpu", scale=None if scale is None else scale * 2)
+    slots = torch.arange(32)
+    mixed_mla.append_paged(cache, rows if kv_format == "fp8" else rows.roll(1, 0), slots, kv_format=kv_format)
+    with pytest.raises(AssertionError):
+        _check_slots(cache, expected, slots, kv_format)
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+def test_a_sequence_appended_token_by_token_decodes_as_its_contiguous_cache(kv_format):
+    """A prompt appended at once, then single tokens across page boundaries, through a block table whose pages are
+    out of order: decode_paged on it is exact attention on the contiguous cache of those rows."""
+    page_size, length, prompt = 16, 70, 37
+    rows = _rows(length, seed=3, device="cpu")
+    _, scale = _whole_cache_bytes(rows, kv_format)
+    pages = torch.tensor([4, 0, 6, 2, 5], dtype=torch.int32)
+    cache = _empty_cache(kv_format, 8, page_size, "cpu", scale=scale)
+    slot_of = (pages[torch.arange(length) // page_size] * page_size + torch.arange(length) % page_size).long()
+    mixed_mla.append_paged(cache, rows[:prompt], slot_of[:prompt], kv_format=kv_format)
+    for position in range(prompt, length):
+        mixed_mla.append_paged(cache, rows[position:position + 1], slot_of[position:position + 1], kv_format=kv_format)
+    q = _rows(16, seed=4, device="cpu").reshape(1, 16, QK_HEAD_DIM)
+    qo = torch.tensor([0, 1], dtype=torch.int32)
+    lens = torch.tensor([length], dtype=torch.int32)
+    out = paged.decode_paged(q, cache, qo, pages.reshape(1, -1), lens)
+    contiguous = {"bf16": lambda r: r, "fp8": lambda r: (formats.encode_fp8(r, scale), scale),
+                  "mxfp4": formats.quantize_mxfp4}[kv_format](rows.reshape(length, 1, QK_HEAD_DIM))
+    kv_indptr = torch.tensor([0, length], dtype=torch.int32)
+    err = exact.strict_error(out, q, contiguous, kv_format, qo, kv_indptr, DEFAULT_SM_SCALE)
+    assert err <= exact.STRICT_BOUND[kv_format]
+
+
+BAD_SLOTS = [
+    pytest.param([3, -2], "slot_mapping\\[1\\] = -2 is outside -1", id="below-skip"),
+    pytest.param([3, 64], "slot_mapping\\[1\\] = 64 is outside -1 .. 63", id="past-cache"),
+    pytest.param([3, 2**40], "is outside", id="far-past-cache"),
+    pytest.param([5, 7, 5], "slot 5 is given to more than one row", id="repeated"),
+]
+
+
+def _snapshot(cache):
+    return [t.clone() for t in _byte_rows(cache)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("bad,match", BAD_SLOTS)
+def test_bad_slots_write_nothing(device, kv_format, bad, match):
+    rows = _rows(len(bad), seed=5, device=device)
+    _, scale = _whole_cache_bytes(rows, kv_format)
+    cache = _empty_cache(kv_format, 4, 16, device, scale=scale)
+    slots = torch.tensor(bad, dtype=torch.int64, device=device)
+    before = _snapshot(cache)
+    # host-validated (CPU's default): a ValueError before any write
+    with pytest.raises(ValueError, match=match):
+        mixed_mla.append_paged(cache, rows, slots, kv_format=kv_format, validate=True)
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    # device-flag path (a GPU's default): no error now, nothing written, the flag raised later and then cleared
+    mixed_mla.append_paged(cache, rows, slots, kv_format=kv_format, validate=False)
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    with pytest.raises(ValueError, match="wrote nothing"):
+        append.raise_append_errors(device)
+    append.raise_append_errors(device)   # cleared
+    # and a good call on that path afterwards writes
+    mixed_mla.append_paged(cache, rows[:1], slots[:1].clamp(0, 63), kv_format=kv_format, validate=False)
+    assert not all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    append.raise_append_errors(device)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_bad_fp8_scale_writes_nothing(scale):
+    rows = _rows(2, seed=6, device="cpu")
+    cache = _empty_cache("fp8", 2, 16, "cpu", scale=torch.tensor([scale]))
+    before = _snapshot(cache)
+    with pytest.raises(ValueError, match="finite positive"):
+        mixed_mla.append_paged(cache, rows, torch.tensor([0, 1]), kv_format="fp8")
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+
+
+def test_all_rows_skipped_and_no_rows_write_nothing():
+    rows = _rows(3, seed=7, device="cpu")
+    cache = _empty_cache("mxfp4", 2, 16, "cpu")
+    before = _snapshot(cache)
+    for validate in (None, False):
+        mixed_mla.append_paged(cache, rows, torch.full((3,), -1), kv_format="mxfp4", validate=validate)
+        mixed_mla.append_paged(cache, rows[:0], torch.zeros(0, dtype=torch.int64), kv_format="mxfp4")
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    append.raise_append_errors("cpu")
+
+
+def _good():
+    rows = _rows(2, seed=8, device="cpu")
+    return dict(kv_cache=_empty_cache("bf16", 2, 16, "cpu"), rows=rows, slot_mapping=torch.tensor([0, 1]),
+                kv_format="bf16")
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda g: dict(kv_format="int4"), ValueError, "unknown kv_format"),
+    (lambda g: dict(rows=g["rows"].float()), TypeError, "rows must have dtype torch.bfloat16"),
+    (lambda g: dict(rows=g["rows"][:, :512].contiguous()), ValueError, "rows must have shape"),
+    (lambda g: dict(rows=g["rows"].t().contiguous().t()), ValueError, "rows must be contiguous"),
+    (lambda g: dict(slot_mapping=torch.tensor([0.0, 1.0])), TypeError, "slot_mapping must have dtype"),
+    (lambda g: dict(slot_mapping=torch.tensor([0, 1, 2])), ValueError, "one slot per row"),
+    (lambda g: dict(slot_mapping=torch.tensor([0, 1], device="meta")), RuntimeError, "rows are on cpu"),
+    (lambda g: dict(kv_cache=g["kv_cache"].float()), TypeError, "kv_cache \\(bf16\\) must have dtype"),
+    (lambda g: dict(kv_cache=g["kv_cache"][:, :, :512].contiguous()), ValueError, "num_pages >= 1"),
+    (lambda g: dict(kv_format="fp8"), TypeError, "a fp8 kv_cache is a pair"),
+    (lambda g: dict(kv_format="fp8", kv_cache=(g["kv_cache"], torch.ones(1))), TypeError, "fp8 kv data"),
+    (lambda g: dict(kv_format="fp8", kv_cache=(torch.zeros(2, 16, 576, dtype=torch.uint8), torch.ones(2))),
+     ValueError, "0-dim or \\(1,\\)"),
+    (lambda g: dict(kv_format="fp8", kv_cache=(torch.zeros(2, 16, 576, dtype=torch.uint8),
+                                               torch.ones((), dtype=torch.float64))), TypeError, "fp8 kv scale"),
+    (lambda g: dict(kv_format="mxfp4", kv_cache=(torch.zeros(2, 16, 288, dtype=torch.uint8),
+                                                 torch.zeros(2, 8, 24, dtype=torch.uint8))), ValueError, "pages"),
+    (lambda g: dict(kv_format="mxfp4", kv_cache=(torch.zeros(2, 16, 288, dtype=torch.uint8),
+                                                 torch.zeros(2, 16, 18, dtype=torch.uint8))), ValueError, "24"),
+])
+def test_bad_input_is_refused_before_any_write(change, error, match):
+    args = _good() | change(_good())
+    cache = args["kv_cache"]
+    before = _snapshot(cache) if isinstance(cache, torch.Tensor) and cache.dtype == torch.bfloat16 else None
+    with pytest.raises(error, match=match):
+        mixed_mla.append_paged(args.pop("kv_cache"), args.pop("rows"), args.pop("slot_mapping"), **args)
+    if before is not None:
+        assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
