@@ -125,7 +125,7 @@ def test_a_sequence_appended_token_by_token_decodes_as_its_contiguous_cache(kv_f
     q = _rows(16, seed=4, device="cpu").reshape(1, 16, QK_HEAD_DIM)
     qo = torch.tensor([0, 1], dtype=torch.int32)
     lens = torch.tensor([length], dtype=torch.int32)
-    out = paged.decode_paged(q, cache, qo, pages.reshape(1, -1), lens)
+    out = paged.decode_paged(q, cache, qo, pages.reshape(1, -1), lens, kv_format=kv_format)
     contiguous = {"bf16": lambda r: r, "fp8": lambda r: (formats.encode_fp8(r, scale), scale),
                   "mxfp4": formats.quantize_mxfp4}[kv_format](rows.reshape(length, 1, QK_HEAD_DIM))
     kv_indptr = torch.tensor([0, length], dtype=torch.int32)
