@@ -63,7 +63,8 @@ class Workspace(NamedTuple):
 # region is sized by the buffer alone, 256 B (64 counters) per started 512 KiB, never by the plan, so plans sharing a
 # buffer overlap counters only with counters (all 0 between calls) and partials only with partials (scratch each call
 # writes before it reads). It suffices: a fused plan has >= 2 splits, so each counter (a row's group of <= 16 heads,
-# >= 4 of them) comes with >= 2 x 4 x 1028 = 8224 B of partials, more than the 2048 B of buffer per counter.
+# >= 4 of them) comes with >= 2 x 4 x 1028 = 8224 B of partials, more than the 8192 B of buffer per counter slot.
+# A plan zeroes its own counters when it is made on a buffer; the kernels leave them 0.
 COUNTER_BLOCK_BYTES = WORKSPACE_ALIGNMENT
 COUNTER_SPAN_BYTES = 512 << 10
 
@@ -106,16 +107,15 @@ def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
 def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> Workspace:
     """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan), as views
     of `buffer`: the caller's (uint8, contiguous, on `device`, 256-byte aligned, at least workspace_bytes: checked
-    by backends.plan_workspace), else one made here. Zeroes the counter region (the kernels keep it 0)."""
+    by backends.plan_workspace), else one made here. Zeroes its counters (the kernels keep them 0)."""
     splits, out_elements, rows, counters = _regions(plan, max_total_q, num_heads)
     if buffer is None:
         buffer = torch.empty(_buffer_bytes(rows, counters), dtype=torch.uint8, device=device)
     head = _counter_region(buffer.numel() // WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT)
-    buffer[:head].zero_()
     lse_start = head + aligned(out_elements * 2)
     return Workspace(splits, buffer[head:lse_start].view(torch.bfloat16)[:out_elements],
                      buffer[lse_start:lse_start + rows * 4].view(torch.float32), max_total_q,
-                     device_error_flag(torch.device(device)), buffer[:counters * 4].view(torch.int32))
+                     device_error_flag(torch.device(device)), buffer[:counters * 4].view(torch.int32).zero_())
 
 
 def available(device):
