@@ -5,7 +5,8 @@ make the backend's workspace, raise an indptr violation a kernel recorded on the
 run() validates what is free to check on the host, on every call, and launches one backend call through the
 torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every backend reads the indptr
 contents on the device, so a plan stays correct for new lengths and new data. A plan owns its workspace: it is freed
-when the plan is.
+when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8 buffer sized by
+workspace_bytes (below), which plans used one at a time may share (docs/design.md#caller-owned-workspace).
 
 return_lse=True (plan, decode) also returns the log-sum-exp of each query row and head: float32 (total_q, H),
 natural log of the softmax denominator over the scaled scores (FlashMLA's softmax_lse convention; FlashMLA lays it
@@ -45,14 +46,17 @@ class DecodePlan:
     max_q_len: int         # bounds every segment's query count (docs/design.md#the-planrun-contract)
     max_kv_len: int        # a launch hint only
     return_lse: bool = False   # run() returns (out, lse); planned on a backend whose SPEC.lse is True
+    # The caller's uint8 buffer the workspace is carved from (plan(workspace=)); None: the plan makes its own.
+    workspace_buffer: object = field(default=None, repr=False, compare=False)
     # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
-    # self.plan (dataclasses.replace with another plan makes a new one), and freed with the plan.
+    # self.plan (dataclasses.replace with another plan makes a new one, from the same buffer), and freed with the plan.
     workspace: object = field(init=False, repr=False, compare=False)
     _run: object = field(init=False, repr=False, compare=False)
     op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode` calls it by
 
     def __post_init__(self):
-        workspace = backends.plan_workspace(self.plan, self.max_total_q, self.num_heads, self.device)
+        workspace = backends.plan_workspace(self.plan, self.max_total_q, self.num_heads, self.device,
+                                            self.workspace_buffer)
         run = self.backend.run if workspace is None else functools.partial(self.backend.run, workspace=workspace)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "_run", run)
@@ -66,6 +70,11 @@ class DecodePlan:
     def max_total_q(self) -> int:
         """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
         return self.batch * self.max_q_len
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The bytes this plan takes from a caller's workspace buffer (0 when its backend takes none)."""
+        return backends.workspace_bytes(self.plan, self.max_total_q, self.num_heads)
 
     def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
             validate=False):
@@ -134,8 +143,21 @@ def check_lse(lse, q, return_lse) -> None:
                          f"{getattr(lse, 'dtype', type(lse).__name__)} {tuple(getattr(lse, 'shape', ()))}")
 
 
+def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
+    """The bytes of a workspace buffer that serves every plan (contiguous or paged) on `device` with at most
+    `max_total_q` query rows (batch x max_q_len) and `num_heads` heads, whichever backend, split count or merge the
+    planner picks: what to allocate once, as torch.empty(n, dtype=torch.uint8, device=device), and pass to plan /
+    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none)."""
+    if max_total_q < 1 or num_heads not in SUPPORTED_NUM_HEADS:
+        raise ValueError(f"workspace_bytes needs max_total_q >= 1 and num_heads in {SUPPORTED_NUM_HEADS}; got "
+                         f"{max_total_q}, {num_heads}")
+    names = backends.native_backends(device_arch(torch.device(device))) + (backends.FALLBACK,)
+    sizes = (backends.spec(name).workspace_bytes for name in names)
+    return max(size(None, max_total_q, num_heads) if size is not None else 0 for size in sizes)
+
+
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
-         backend=None, kv_lens=None, return_lse=False, strict=False) -> DecodePlan:
+         backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -147,6 +169,9 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     its plan to them (its optional fit_layout: aiter plans variant "fast" where v1_0 would serve them wrongly).
     return_lse: run() returns (out, lse) (the module docstring); only backends whose SPEC.lse is True serve it.
     strict: a planned backend that cannot serve raises RuntimeError instead of warning and falling back.
+    workspace: a caller-owned uint8 buffer, contiguous, on the plan's device, of at least workspace_bytes(...) (or
+    the plan's .workspace_bytes) bytes, 256-byte aligned: the plan carves its buffers from it (ValueError when it
+    cannot). Plans sharing one must not run concurrently (docs/design.md#caller-owned-workspace). None: its own.
     Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
     device = torch.device(device) if device is not None else qo_indptr.device
@@ -165,7 +190,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
                             strict)
-    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse)
+    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, workspace)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,

@@ -155,18 +155,29 @@ class PagedDecodePlan:
     max_q_len: int         # bounds every segment's query count
     return_lse: bool = False      # run() returns (out, lse) (api.py's convention)
     strided_pages: bool = False   # run() accepts caches whose pages are not back to back
+    workspace_buffer: object = field(default=None, repr=False, compare=False)   # api.DecodePlan's
     # What the backend's spec makes for this plan (api.DecodePlan's rule): made here, freed with the plan.
     workspace: object = field(init=False, repr=False, compare=False)
     op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode_paged` calls it by
 
     def __post_init__(self):
-        workspace = backends.plan_workspace(self.plan, self.batch * self.max_q_len, self.num_heads, self.device)
+        workspace = backends.plan_workspace(self.plan, self.max_total_q, self.num_heads, self.device,
+                                            self.workspace_buffer)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "op_id", ops.register(self))
 
     @property
     def kv_format(self) -> str:
         return self.plan.kv_format
+
+    @property
+    def max_total_q(self) -> int:
+        return self.batch * self.max_q_len
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The bytes this plan takes from a caller's workspace buffer (0 when its backend takes none)."""
+        return backends.workspace_bytes(self.plan, self.max_total_q, self.num_heads)
 
     def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
             validate=False):
@@ -211,14 +222,16 @@ class PagedDecodePlan:
 
 
 def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
-               device=None, backend=None, return_lse=False, strided_pages=False, strict=False) -> PagedDecodePlan:
+               device=None, backend=None, return_lse=False, strided_pages=False, strict=False,
+               workspace=None) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
     max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
     launch hint only (the KV length the planner sizes splits for; default the block table's reach, max_pages x
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
-    raises under strict. return_lse, strided_pages: the module docstring.
+    raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
+    api.plan's.
     """
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:
@@ -237,7 +250,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse,
                             strided_pages, strict)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
-                           strided_pages)
+                           strided_pages, workspace)
 
 
 def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,

@@ -52,8 +52,12 @@ class BackendSpec:
     long_split_variant: dict = field(default_factory=dict)  # format -> (variant, min tokens per split): the
                                                             # default variant when a split's share is that long
     kernel_dir: Optional[str] = None   # its sources under mixed_mla/kernels/ (what the bundle ships for it)
-    workspace: Optional[Callable] = None   # (plan, max_total_q, num_heads, device) -> what run(workspace=) takes;
-                                           # made at plan time, owned and freed by the DecodePlan
+    workspace: Optional[Callable] = None   # (plan, max_total_q, num_heads, device[, buffer]) -> what
+                                           # run(workspace=) takes; made at plan time, owned and freed by the plan;
+                                           # `buffer` (the caller's) is passed only when workspace_bytes is set
+    workspace_bytes: Optional[Callable] = None   # (plan, max_total_q, num_heads) -> the bytes `workspace` carves
+                                                 # from a caller's buffer (plan None: the most any plan needs);
+                                                 # None: it cannot take one, and makes its own
     serves: Optional[Callable] = None      # kv_format -> bool: a run-time narrowing of `formats` (an opt-in, read
                                            # on every plan); None: every format it reads
     lse: bool = False   # whether run(..., lse=) writes the log-sum-exp
@@ -90,11 +94,52 @@ def spec(name: str) -> BackendSpec:
     return declared
 
 
-def plan_workspace(plan, max_total_q: int, num_heads: int, device):
+# Every region a backend carves from a workspace buffer starts at a multiple of this (the buffer's start included):
+# more than any vector access of the kernels needs (16 B), and what CUDA's allocator gives every tensor.
+WORKSPACE_ALIGNMENT = 256
+
+
+def aligned(nbytes: int) -> int:
+    """nbytes rounded up to the workspace alignment."""
+    return -(-nbytes // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
+
+
+def plan_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None):
     """What the plan's backend needs made at plan time (its SPEC.workspace), or None when it needs nothing: the one
-    place a DecodePlan and a PagedDecodePlan get the workspace they own."""
-    make = spec(plan.backend).workspace
-    return None if make is None else make(plan, max_total_q, num_heads, device)
+    place a DecodePlan and a PagedDecodePlan get their workspace. `buffer`: the caller's (uint8, contiguous, on the
+    plan's device), checked here, carved by backends whose SPEC.workspace_bytes is set; the others make their own."""
+    declared = spec(plan.backend)
+    if buffer is not None:
+        check_workspace_buffer(buffer, device, workspace_bytes(plan, max_total_q, num_heads))
+    if declared.workspace is None:
+        return None
+    if buffer is None or declared.workspace_bytes is None:
+        return declared.workspace(plan, max_total_q, num_heads, device)
+    return declared.workspace(plan, max_total_q, num_heads, device, buffer.view(-1))
+
+
+def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
+    """The bytes the plan's backend takes from a caller's buffer (0 when it takes none)."""
+    size = spec(plan.backend).workspace_bytes
+    return 0 if size is None else size(plan, max_total_q, num_heads)
+
+
+def check_workspace_buffer(buffer, device, needed: int) -> None:
+    """A caller's workspace: a contiguous uint8 tensor on `device` of at least `needed` bytes, aligned (when any
+    is needed) to WORKSPACE_ALIGNMENT; else a ValueError saying what is wrong."""
+    if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8:
+        raise ValueError(f"workspace must be a uint8 torch.Tensor, got {getattr(buffer, 'dtype', type(buffer).__name__)}")
+    if buffer.device != torch.device(device):
+        raise ValueError(f"workspace is on {buffer.device} but the plan is for {device}")
+    if not buffer.is_contiguous():
+        raise ValueError(f"workspace must be contiguous; strides {tuple(buffer.stride())} for shape "
+                         f"{tuple(buffer.shape)}")
+    if buffer.numel() < needed:
+        raise ValueError(f"workspace holds {buffer.numel()} bytes but this plan needs {needed} "
+                         f"(mixed_mla.workspace_bytes sizes one for every plan)")
+    if needed and buffer.data_ptr() % WORKSPACE_ALIGNMENT:
+        raise ValueError(f"workspace must start at a {WORKSPACE_ALIGNMENT}-byte aligned address (torch.empty on a GPU "
+                         f"does), got {buffer.data_ptr():#x}")
 
 
 def native_backends(arch: str) -> tuple:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import BackendSpec, build_failure
+from . import WORKSPACE_ALIGNMENT, BackendSpec, aligned, build_failure
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..kernels import jit_build
 from ..validate import device_error_flag
@@ -58,14 +58,64 @@ class Workspace(NamedTuple):
     split_counters: torch.Tensor
 
 
-def make_workspace(plan, max_total_q: int, num_heads: int, device) -> Workspace:
-    """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan)."""
+# A workspace is one uint8 buffer (the caller's, or one the plan makes) carved into views, every region 256-byte
+# aligned (backends.WORKSPACE_ALIGNMENT): the fused merge's counters at its head, the partials after them. The head
+# region is sized by the buffer alone, 256 B (64 counters) per started 512 KiB, never by the plan, so plans sharing a
+# buffer overlap counters only with counters (all 0 between calls) and partials only with partials (scratch each call
+# writes before it reads). It suffices: a fused plan has >= 2 splits, so each counter (a row's group of <= 16 heads,
+# >= 4 of them) comes with >= 2 x 4 x 1028 = 8224 B of partials, more than the 8192 B of buffer per counter slot.
+# A plan zeroes its own counters when it is made on a buffer; the kernels leave them 0.
+COUNTER_BLOCK_BYTES = WORKSPACE_ALIGNMENT
+COUNTER_SPAN_BYTES = 512 << 10
+
+
+def _counter_region(usable: int) -> int:
+    """The bytes at the head of a buffer of `usable` bytes (a multiple of the alignment) that hold counters."""
+    return COUNTER_BLOCK_BYTES * -(-usable // COUNTER_SPAN_BYTES)
+
+
+def _regions(plan, max_total_q: int, num_heads: int):
+    """(splits, partial_out elements, partial_lse elements, counters) of `plan` for up to max_total_q rows."""
     splits = splits_for(plan.num_splits, max_total_q, num_heads)
     rows = max_total_q * num_heads * splits if splits > 1 else 0
     counters = max_total_q * -(-num_heads // HEAD_GROUP) if splits > 1 and plan.fused else 0
-    return Workspace(splits, torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
-                     torch.empty(rows, dtype=torch.float32, device=device), max_total_q,
-                     device_error_flag(torch.device(device)), torch.zeros(counters, dtype=torch.int32, device=device))
+    return splits, rows * V_HEAD_DIM, rows, counters
+
+
+def _buffer_bytes(partial_rows: int, counters: int) -> int:
+    """The smallest buffer (a multiple of the alignment) whose layout holds `partial_rows` rows of partials and
+    their LSEs after a head region of at least `counters` counters."""
+    partials = aligned(partial_rows * V_HEAD_DIM * 2) + aligned(partial_rows * 4)
+    spans = max(-(-counters * 4 // COUNTER_BLOCK_BYTES),
+                -(-partials // (COUNTER_SPAN_BYTES - COUNTER_BLOCK_BYTES)))   # spans fitting the partials
+    return max(partials + spans * COUNTER_BLOCK_BYTES, (spans - 1) * COUNTER_SPAN_BYTES + WORKSPACE_ALIGNMENT)
+
+
+def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
+    """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
+    the most any plan of this backend needs there (any split count, fused or not)."""
+    if plan is not None:
+        _, _, rows, counters = _regions(plan, max_total_q, num_heads)
+        return _buffer_bytes(rows, counters)
+    # the partial rows (q x H x splits) are at most the workspace cap's at any q <= max_total_q; counters exist only
+    # where a plan splits, in two or more, which bounds its query rows by the cap too
+    rows = min(max_total_q * num_heads * MAX_SPLITS, WORKSPACE_BYTES // _PARTIAL_BYTES)
+    splitting_rows = min(max_total_q, WORKSPACE_BYTES // (2 * num_heads * _PARTIAL_BYTES))
+    return _buffer_bytes(rows, splitting_rows * -(-num_heads // HEAD_GROUP))
+
+
+def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> Workspace:
+    """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan), as views
+    of `buffer`: the caller's (uint8, contiguous, on `device`, 256-byte aligned, at least workspace_bytes: checked
+    by backends.plan_workspace), else one made here. Zeroes its counters (the kernels keep them 0)."""
+    splits, out_elements, rows, counters = _regions(plan, max_total_q, num_heads)
+    if buffer is None:
+        buffer = torch.empty(_buffer_bytes(rows, counters), dtype=torch.uint8, device=device)
+    head = _counter_region(buffer.numel() // WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT)
+    lse_start = head + aligned(out_elements * 2)
+    return Workspace(splits, buffer[head:lse_start].view(torch.bfloat16)[:out_elements],
+                     buffer[lse_start:lse_start + rows * 4].view(torch.float32), max_total_q,
+                     device_error_flag(torch.device(device)), buffer[:counters * 4].view(torch.int32).zero_())
 
 
 def available(device):
@@ -174,4 +224,5 @@ SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
     variants=tuple(FP8_VARIANTS), variant_formats={"tile64": ("fp8",)}, tile_tokens=TILE_TOKENS,
-    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace, lse=True)
+    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace,
+    workspace_bytes=workspace_bytes, lse=True)
