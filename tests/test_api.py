@@ -66,8 +66,8 @@ def test_one_plan_two_calls_new_data_and_new_lengths(make_case, kv_format):
     kept = out_1.clone()
     out_2 = planned.run(second.q, cache_2, second.qo_indptr, second.kv_indptr)
     assert out_1.data_ptr() != out_2.data_ptr() and torch.equal(out_1, kept)
-    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[kv_format]
-    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[kv_format]
+    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
+    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
 
 
 def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case):
