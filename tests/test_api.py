@@ -128,13 +128,16 @@ def test_a_forced_backend_that_cannot_run_is_an_error(make_case, monkeypatch):
         api.decode(case.q, case.cache("fp8"), case.qo_indptr, case.kv_indptr, kv_format="fp8")
 
 
-def test_the_planned_backend_of_this_machine_is_usable(make_case):
-    """On an H200 this fails when the Hopper backend is broken, instead of silently timing the torch fallback."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    arch = planner.device_arch(device)
-    for kv_format in ("bf16", "fp8", "mxfp4"):
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_the_planned_backend_is_built_for_its_arch_and_usable_here(kv_format):
+    """Every arch's plan names a backend built for that arch; and on an H200 this fails when the Hopper backend is
+    broken, instead of silently timing the torch fallback."""
+    for arch in planner.TABLE_FILES:
         backend = planner.plan_for(arch, 4, 1, 1024, 16, kv_format).backend
-        assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)
+        assert arch in backends.spec(backend).archs, (arch, kv_format, backend)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = planner.plan_for(planner.device_arch(device), 4, 1, 1024, 16, kv_format).backend
+    assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)
 
 
 class _FakeBackend:
