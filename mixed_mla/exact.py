@@ -35,10 +35,16 @@ STRICT_BOUND = {
 }
 
 
+def path_bounds(path: str) -> dict:
+    """{kv_format: bound} of one path's STRICT_BOUND entries."""
+    return {kv_format: bound for (kv_format, of_path), bound in STRICT_BOUND.items() if of_path == path}
+
+
 def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, return_lse=False):
     """float64 (total_q, H, 512) on q's device; docs/design.md#semantics-every-backend (causal MTP rule, empty ->
     zeros). return_lse=True: (out, lse), lse float64 (total_q, H) the natural-log log-sum-exp of the scaled
-    scores over the keys a row attends, -inf where it attends none (docs/design.md: the LSE contract)."""
+    scores over the keys a row attends (base e, FlashMLA's convention, as backends write it), -inf where it attends
+    none."""
     kv = decode(kv_cache, kv_format).to(q.device)
     q64 = q.to(torch.float64)
     qo = qo_indptr.tolist()

@@ -112,7 +112,8 @@ def test_fp8_every_byte_equals_torchs_cast_and_the_library():
     raw = torch.arange(256, dtype=torch.uint8).repeat(3)[:576].reshape(1, 1, 576)
     ours = exact_formats.decode_fp8(raw, torch.ones(1))
     by_torch = raw.view(torch.float8_e4m3fn).to(torch.float64).reshape(1, 576)
-    assert torch.equal(ours.isnan(), by_torch.isnan()) and ours.isnan().sum() == 4   # 0x7F, 0xFF in each of the two whole runs of 0..255
+    # NaN: 0x7F and 0xFF, in each of the two whole runs of 0..255
+    assert torch.equal(ours.isnan(), by_torch.isnan()) and ours.isnan().sum() == 4
     finite = ~ours.isnan()
     assert torch.equal(ours[finite], by_torch[finite])
     assert torch.equal(torch.signbit(ours[finite]), torch.signbit(by_torch[finite]))
@@ -209,4 +210,5 @@ def test_lse_is_the_log_of_the_softmax_denominator():
     torch.testing.assert_close(lse[2], torch.logsumexp(scores[2, :, :2], -1), rtol=0, atol=1e-12)
     torch.testing.assert_close(lse[3], torch.logsumexp(scores[3, :, 2:], -1), rtol=0, atol=1e-12)
     # base e, not base 2: the weights exp(score - lse) of a row sum to one
-    torch.testing.assert_close(torch.exp(scores[3, :, 2:] - lse[3, :, None]).sum(-1), torch.ones(16, dtype=torch.float64))
+    weights = torch.exp(scores[3, :, 2:] - lse[3, :, None])
+    torch.testing.assert_close(weights.sum(-1), torch.ones(16, dtype=torch.float64))
