@@ -25,13 +25,14 @@ from .exact_formats import decode
 #     random layouts (emulator/gfx950/hip_twin.py, median 0.025). A few times that would pass a 4% error, so the
 #     bound sits under 0.04 instead: 0.038 = 1.27x the worst; a 4% error on top of the fp8-Q error scores >= 0.047.
 #     aiter's bf16 path reads bf16 Q: cuda_sm90's bound.
-#   peer: the benchmarks' foreign kernels (benchmarks/peers), timed not shipped; the fp8 ones read fp8 Q.
+#   peer: the benchmarks' foreign kernels (benchmarks/peers), timed not shipped: worst 0.0041 (torch plain, fp8;
+#     benchmarks/results/peers at 818a4bf); x3 -> 0.012; fp8 0.038 as vLLM's FlashMLA fp8 decode reads fp8 Q.
 STRICT_BOUND = {
     ("bf16", "torch"): 0.006, ("fp8", "torch"): 0.006, ("mxfp4", "torch"): 0.006,
     ("bf16", "cuda_sm90"): 0.008, ("fp8", "cuda_sm90"): 0.008, ("mxfp4", "cuda_sm90"): 0.008,
     ("fp8", "hip_gfx950"): 0.038, ("mxfp4", "hip_gfx950"): 0.038,
     ("bf16", "aiter"): 0.008, ("fp8", "aiter"): 0.038,
-    ("bf16", "peer"): 0.008, ("fp8", "peer"): 0.038, ("mxfp4", "peer"): 0.008,
+    ("bf16", "peer"): 0.012, ("fp8", "peer"): 0.038, ("mxfp4", "peer"): 0.012,
 }
 
 
