@@ -7,6 +7,9 @@
 - ref_kernel: aiter's persistent a8w8 mla_decode_fwd exactly as the leaderboard calls it when aiter imports;
   elsewhere a torch emulation of the same arithmetic (fp8 Q with a per-tensor dynamic scale, fp8 KV, float32).
 - check_implementation: the leaderboard's rule (rtol = atol = 0.1, pass with <= 5% mismatches).
+- strict_error: what that rule cannot say (it passes all-zero outputs from ~2048 tokens per segment on): the relative
+  L2 error against exact float64 attention on the cache format the output is closest to (the one it read), which
+  eval.py prints beside the verdict in its readable table.
 Imports nothing of mixed_mla: eval.py runs with task.py, utils.py, this file and submission.py alone.
 """
 import math
@@ -102,6 +105,52 @@ def dequantize_fp8(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return data.float() * scale.float()
 
 
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)   # codes 0-7; bit 3 is the sign
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float64 (N, 1, 576) of packed codes (N, 1, 288) and their scales (only [:N, :18] read): e2m1 x 2^(e - 127)."""
+    n = packed.shape[0]
+    raw = packed.view(torch.uint8).reshape(n, QK_HEAD_DIM // 2)
+    codes = torch.stack((raw & 0xF, raw >> 4), dim=-1).reshape(n, MXFP4_BLOCKS, MXFP4_BLOCK).long()
+    magnitude = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=packed.device)[codes & 0x7]
+    values = torch.where(codes >= 8, -magnitude, magnitude)
+    exponent = scales.view(torch.uint8)[:n, :MXFP4_BLOCKS].double() - E8M0_BIAS
+    return (values * torch.exp2(exponent).unsqueeze(-1)).reshape(n, 1, QK_HEAD_DIM)
+
+
+def _dequantized_rows(kv_data, kv_format: str, start: int, stop: int) -> torch.Tensor:
+    """Rows start..stop of the `kv_format` cache as float64 (rows, 576)."""
+    if kv_format == "bf16":
+        rows = kv_data["bf16"][start:stop].double()
+    elif kv_format == "fp8":
+        data, scale = kv_data["fp8"]
+        rows = data[start:stop].double() * scale.double()
+    else:
+        packed, scales = kv_data["mxfp4"]
+        rows = dequantize_mxfp4(packed[start:stop], scales[start:stop])
+    return rows.reshape(-1, QK_HEAD_DIM)
+
+
+def strict_error(data: input_t, output: output_t):
+    """(relative L2 error, format): ||output - exact|| / ||exact||, exact = float64 attention (causal MTP rule) on
+    each cache format in turn; the smallest error names the format the output was computed from (the formats are
+    0.015-0.12 apart, a faithful kernel ~0.002 from its own)."""
+    q, kv_data, qo_indptr, kv_indptr, config = data
+    out = output.double()
+    if not torch.isfinite(out).all():
+        return math.inf, "non-finite output"
+    errors = {}
+    for kv_format in ("bf16", "fp8", "mxfp4"):
+        exact = _grouped_attention(q.double(), lambda a, b, f=kv_format: _dequantized_rows(kv_data, f, a, b),
+                                   qo_indptr, kv_indptr, config["sm_scale"], torch.float64)
+        exact_norm = torch.linalg.vector_norm(exact).item()
+        diff_norm = torch.linalg.vector_norm(out - exact).item()
+        errors[kv_format] = diff_norm / exact_norm if exact_norm else (0.0 if diff_norm == 0 else math.inf)
+    closest = min(errors, key=errors.get)
+    return errors[closest], closest
+
+
 def generate_input(batchsize: int, qseqlen: int, kvseqlen: int, seed: int) -> input_t:
     """(q, kv_data, qo_indptr, kv_indptr, config) of the problem, drawn from a generator on the data's device:
     q = randn first, then the bf16 cache, then its fp8 and mxfp4 quantisations."""
@@ -177,26 +226,33 @@ def _aiter_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, config):
 
 def _emulated_a8w8(q_fp8, q_scale, kv_fp8, kv_scale, qo_indptr, kv_indptr, sm_scale):
     """float32 attention on the fp8-dequantised Q and KV; the causal MTP rule; rows with no key give zeros."""
-    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
     q = dequantize_fp8(q_fp8, q_scale)                       # (total_q, H, 576)
-    out = torch.zeros((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=torch.float32, device=q.device)
+    out = _grouped_attention(q, lambda a, b: dequantize_fp8(kv_fp8[a:b], kv_scale), qo_indptr, kv_indptr, sm_scale,
+                             torch.float32)
+    return out.to(torch.bfloat16)
+
+
+def _grouped_attention(q, keys_of, qo_indptr, kv_indptr, sm_scale, dtype):
+    """(total_q, H, 512) `dtype` attention of q over the keys `keys_of(start_row, stop_row)` gives as rows of 576.
+    Uniform layouts (every problem case) go in whole groups of segments of at most EMULATION_CHUNK_ELEMENTS key
+    values; others segment by segment."""
+    qo, kvp = qo_indptr.tolist(), kv_indptr.tolist()
+    out = torch.zeros((q.shape[0], q.shape[1], V_HEAD_DIM), dtype=dtype, device=q.device)
     q_lens = {qo[b + 1] - qo[b] for b in range(len(qo) - 1)}
     kv_lens = {kvp[b + 1] - kvp[b] for b in range(len(kvp) - 1)}
     if len(q_lens) == 1 and len(kv_lens) == 1:
-        # Uniform layout (every problem case): whole groups of segments at once.
         q_len, kv_len = q_lens.pop(), kv_lens.pop()
         group = max(1, EMULATION_CHUNK_ELEMENTS // max(1, kv_len * QK_HEAD_DIM))
         for first in range(0, len(qo) - 1, group):
             last = min(first + group, len(qo) - 1)
-            keys = dequantize_fp8(kv_fp8[kvp[first]:kvp[last]], kv_scale).reshape(
-                last - first, kv_len, QK_HEAD_DIM)
+            keys = keys_of(kvp[first], kvp[last]).reshape(last - first, kv_len, QK_HEAD_DIM)
             queries = q[qo[first]:qo[last]].reshape(last - first, q_len, q.shape[1], QK_HEAD_DIM)
             out[qo[first]:qo[last]] = _attend(queries, keys, sm_scale).reshape(-1, q.shape[1], V_HEAD_DIM)
     else:
         for b in range(len(qo) - 1):
-            keys = dequantize_fp8(kv_fp8[kvp[b]:kvp[b + 1]], kv_scale).reshape(1, -1, QK_HEAD_DIM)
+            keys = keys_of(kvp[b], kvp[b + 1]).reshape(1, -1, QK_HEAD_DIM)
             out[qo[b]:qo[b + 1]] = _attend(q[qo[b]:qo[b + 1]].unsqueeze(0), keys, sm_scale)[0]
-    return out.to(torch.bfloat16)
+    return out
 
 
 def _attend(queries, keys, sm_scale):

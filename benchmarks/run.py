@@ -91,7 +91,8 @@ def bench_shape(shape, group, impls, timer, device, bytes_per_s, seed, l2_bytes,
             traceback.print_exc()
             records.append(_record(shape, group, impl, "failed", reason=first_line))
             continue
-        wrong = error is not None and not error <= STRICT_BOUND[impl.kv_format]
+        bound = STRICT_BOUND[(impl.kv_format, impl.path)]
+        wrong = error is not None and not error <= bound
         num_bytes = floors.path_bytes(shape, impl.kv_format)
         floor_time = floors.floor_us(num_bytes, bytes_per_s)
         records.append(_record(
@@ -99,7 +100,7 @@ def bench_shape(shape, group, impls, timer, device, bytes_per_s, seed, l2_bytes,
             min_us=timing.min_us, reps=timing.reps, host_us=timing.host_us, host_bound=timing.host_bound,
             bytes=num_bytes, floor_us=floor_time, gbps=num_bytes / timing.median_us / 1e3,
             pct_floor=100.0 * floor_time / timing.median_us, error=error,
-            reason=f"rel. L2 {error:.3g} > bound {STRICT_BOUND[impl.kv_format]}" if wrong else ""))
+            reason=f"rel. L2 {error:.3g} > bound {bound}" if wrong else ""))
         last = records[-1]
         print(f"  {impl.name:28s} {last['median_us']:10.1f} us {last['gbps']:8.0f} GB/s "
               f"{last['pct_floor']:5.1f}% floor  err {_format_error(error)}  {note}", flush=True)

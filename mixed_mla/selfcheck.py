@@ -118,7 +118,7 @@ def _check(run, plan, device, layout):
     segments, num_heads, poison_rows = layout
     q, cache, qo, kvp = check_inputs(plan.kv_format, device, segments, num_heads, poison_rows)
     ref = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE)
-    bound = STRICT_BOUND[plan.kv_format]
+    bound = STRICT_BOUND[(plan.kv_format, plan.backend)]
     out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
     try:
         run(q, cache, plan.kv_format, qo, kvp, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in segments))

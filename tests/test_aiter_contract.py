@@ -8,8 +8,9 @@ Sources checked:
 - the signatures of the "2026-03" generation (the runner's aiter, early March 2026), recorded below from ROCm/aiter
   at commit 8ce111717f7d (2026-03-10); the same parameter lists hold at e4048607a535 (2026-08-22), which only adds
   defaulted parameters after ours. These are a transcription, so they guard our call builders, not aiter itself:
-- an installed aiter (a ROCm machine), and MLA_AITER_SOURCES=<dir holding aiter/> (e.g. a git checkout), whenever
-  present, are checked too, for whichever generation they are.
+- an installed aiter (a ROCm machine), whenever present, and MLA_AITER_SOURCES=<dir holding aiter/> (e.g. a git
+  checkout; unset: the wheel's sources scripts/setup-env unpacks into .build/aiter_sources/) are checked too, for
+  whichever generation they are.
 """
 import inspect
 import os
@@ -131,11 +132,15 @@ def test_an_installed_aiter():
     assert_route_matches(aiter_sources.signatures(aiter_sources.tree_sources(root)), f"installed aiter at {root}")
 
 
-def test_aiter_sources_named_by_the_environment():
+def test_aiter_sources_named_by_the_environment_or_fetched_by_setup_env():
+    """MLA_AITER_SOURCES=<directory holding aiter/> (e.g. a git checkout of another generation), else the wheel's
+    sources scripts/setup-env unpacked into .build/aiter_sources/ (unpacked here when that has not run)."""
     root = os.environ.get("MLA_AITER_SOURCES")
-    if not root:
-        pytest.skip("set MLA_AITER_SOURCES=<directory holding aiter/> to check an aiter checkout")
-    assert_route_matches(aiter_sources.signatures(aiter_sources.tree_sources(Path(root))), root)
+    if root is None:
+        root = aiter_sources.SOURCES_DIR
+        if not (root / aiter_sources.FUNCTION_FILES["mla_decode_fwd"]).is_file():
+            aiter_sources.unpack(aiter_sources.download_wheel())
+    assert_route_matches(aiter_sources.signatures(aiter_sources.tree_sources(Path(root))), str(root))
 
 
 # ---- the checker can fail ----

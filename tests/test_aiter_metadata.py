@@ -23,6 +23,8 @@ from mixed_mla import exact, formats, selfcheck, validate
 from mixed_mla.backends import aiter_mla
 from mixed_mla.planner import Plan
 
+BOUND = exact.path_bounds("aiter")   # {kv_format: strict bound}
+
 SM_SCALE = 1 / 24
 DEVICES = {"mi355x": MI355X, "mi300x": MI300X}
 V1_0_REFUSAL = "v1_0 metadata"
@@ -119,7 +121,7 @@ def _check_served_or_refused(case, kv_format, plan):
     except RuntimeError as refusal:
         assert plan.variant == "" and V1_0_REFUSAL in str(refusal), refusal
         return False
-    assert error < exact.STRICT_BOUND[kv_format], error
+    assert error < BOUND[kv_format], error
     return True
 
 
@@ -145,12 +147,12 @@ def test_page_sizes_formats_and_variants(fake, name, kv_format, page_size, varia
 @pytest.mark.parametrize("name", ["uniform-long"])
 def test_variant_empty_still_runs_v1_0_where_it_is_right(fake, name):
     """Not everything is refused: uniform query counts over long segments keep the plan's builder."""
-    assert _served_error(LAYOUTS[name], "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(LAYOUTS[name], "fp8", _plan()) < BOUND["fp8"]
     assert fake.metadata[-1].builder == "v1_0"
 
 
 def test_nonuniform_queries_run_the_fast_builder_whatever_the_variant(fake):
-    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan(variant="")) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan(variant="")) < BOUND["fp8"]
     assert fake.metadata[-1].builder == "v1_2"
 
 
@@ -265,7 +267,7 @@ def test_two_layouts_of_one_shape_get_their_own_metadata(fake, variant):
         kvp.copy_(_indptr(LAYOUT_B))   # same tensor, new contents
         out_b = _run(q, kv_cache, "fp8", qo, kvp, plan, 1)
         err_b = _error(out_b, q, kv_cache, "fp8", qo, kvp)
-    assert err_a < exact.STRICT_BOUND["fp8"] and err_b < exact.STRICT_BOUND["fp8"], (err_a, err_b)
+    assert err_a < BOUND["fp8"] and err_b < BOUND["fp8"], (err_a, err_b)
     first, second = fake.metadata_snapshots
     assert not torch.equal(first, second)                      # rebuilt for the new contents ...
     assert fake.workspaces[0] is fake.workspaces[1]            # ... into the same shape-keyed buffers
@@ -301,7 +303,7 @@ def test_rows_that_attend_nothing_are_zero(fake, qo, kvp, max_q_len, blind):
     out = _run(q, kv_cache, "fp8", qo, kvp, _plan(variant="fast"), max_q_len)
     seeing = [row for row in range(q.shape[0]) if row not in blind]
     assert out[blind].abs().max() == 0 and out[seeing].abs().amax(dim=(1, 2)).min() > 0
-    assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
+    assert _error(out, q, kv_cache, "fp8", qo, kvp) < BOUND["fp8"]
 
 
 @pytest.mark.parametrize("qo, kvp, max_q_len, blind", BLIND_LAYOUTS)
@@ -352,7 +354,7 @@ def test_unsupported_plans_raise_clearly(fake, plan, max_q_len, kv_format, messa
 @pytest.mark.parametrize("heads", [32, 128])
 @pytest.mark.parametrize("variant", ["", "fast"])
 def test_more_than_16_heads_need_one_query_per_segment(fake, heads, variant):
-    assert _served_error(Case((256, 300), heads=heads), "fp8", _plan(variant=variant)) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(Case((256, 300), heads=heads), "fp8", _plan(variant=variant)) < BOUND["fp8"]
     with pytest.raises(ValueError, match="one query per segment"):
         _served_error(Case((256, 300), q_lens=2, heads=heads), "fp8", _plan(variant=variant))
     with pytest.raises(ValueError, match="16 heads only"):
@@ -382,7 +384,7 @@ def test_the_2025_11_generation_runs_paged_plans_unpaged(monkeypatch):
         q, kv_cache, qo, kvp = _tensors(Case((16, 21)), "fp8")
         with pytest.warns(RuntimeWarning, match="page_size 8 runs as page_size 1"):
             out = _run(q, kv_cache, "fp8", qo, kvp, _plan(page_size=8, variant="fast"), 1)
-        assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
+        assert _error(out, q, kv_cache, "fp8", qo, kvp) < BOUND["fp8"]
         assert rec.decode_calls[-1]["page_size"] == 1
     finally:
         aiter_mla._probe.cache_clear()
@@ -465,7 +467,7 @@ def test_pre_fix_an_empty_segment_costs_the_next_its_first_key(name, monkeypatch
     """Item 2 (on gfx942, where no 196-unit rule hides it): v1_0 forces one key into the empty segment and starts
     the next segment after it."""
     _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
-    assert _segment_error(LAYOUTS[name], _plan(splits=16), segment=2) > exact.STRICT_BOUND["fp8"]
+    assert _segment_error(LAYOUTS[name], _plan(splits=16), segment=2) > BOUND["fp8"]
 
 
 def test_pre_fix_short_segments_divide_by_zero_on_gfx950(monkeypatch, pre_fix):
@@ -485,17 +487,17 @@ def test_pre_fix_gfx942_writes_past_a_workspace_sized_for_fewer_than_16_splits(m
 def test_pre_fix_128_heads_with_variant_empty_on_gfx950_are_wrong(monkeypatch, pre_fix):
     """v1_0 treats 128 heads as native; mla_decode_fwd folds them into 16-head rows on gfx950."""
     _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
-    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) > exact.STRICT_BOUND["fp8"]
+    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) > BOUND["fp8"]
 
 
 def test_the_fixed_route_serves_or_refuses_what_the_pre_fix_route_got_wrong(monkeypatch):
     _install(monkeypatch, fake_aiter.aiter_2026_03, MI355X)
-    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
-    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(LAYOUTS["nonuniform-q"], "fp8", _plan()) < BOUND["fp8"]
+    assert _served_error(Case((256, 300), heads=128), "fp8", _plan()) < BOUND["fp8"]
     with pytest.raises(RuntimeError, match=V1_0_REFUSAL):
         _served_error(Case((100, 300, 250, 400)), "fp8", _plan())
     _install(monkeypatch, fake_aiter.aiter_2026_03, MI300X)
-    assert _served_error(LAYOUTS["uniform-long"], "fp8", _plan(splits=4)) < exact.STRICT_BOUND["fp8"]
+    assert _served_error(LAYOUTS["uniform-long"], "fp8", _plan(splits=4)) < BOUND["fp8"]
     with pytest.raises(RuntimeError, match=V1_0_REFUSAL):
         _served_error(LAYOUTS["empty-segment"], "fp8", _plan(splits=16))
 
@@ -557,7 +559,7 @@ def test_good_indptr_leaves_the_flag_clear_and_the_plan_buffers_are_reused(fake,
     out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16)
     aiter_mla.run(q, kv_cache, "fp8", qo, kvp, out, plan, SM_SCALE, GOOD.max_q_len, workspace=workspace)
     assert flag.tolist() == validate.device_error_flag(torch.device("cpu")).tolist() and flag[0] == 0
-    assert _error(out, q, kv_cache, "fp8", qo, kvp) < exact.STRICT_BOUND["fp8"]
+    assert _error(out, q, kv_cache, "fp8", qo, kvp) < BOUND["fp8"]
 
 
 def test_without_the_guard_aiter_would_read_out_of_bounds(fake, flag, monkeypatch):

@@ -15,6 +15,8 @@ from mixed_mla import exact, formats
 from mixed_mla.backends import aiter_mla
 from mixed_mla.planner import Plan, device_arch
 
+BOUND = exact.path_bounds("aiter")   # {kv_format: strict bound}
+
 SM_SCALE = 1 / 24
 # name -> (query counts per segment, kv lengths per segment): every segment but the last is whole pages of 8
 LAYOUTS = {
@@ -80,11 +82,11 @@ def test_real_aiter_matches_exact_attention(name, kv_format, page_size, variant)
         pytest.skip("refused by the route for this page size / builder (see tests/test_aiter_metadata.py)")
     out, (q, cache, qo, kvp) = result
     error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE)
-    assert error < exact.STRICT_BOUND[kv_format], error
+    assert error < BOUND[kv_format], error
     if page_size > 1:   # the same decode unpaged: pages must not change the arithmetic beyond rounding
         unpaged = _run(name, kv_format, 1, variant, device)
         if unpaged is not None:
-            assert exact.relative_l2(out, unpaged[0]) < exact.STRICT_BOUND[kv_format]
+            assert exact.relative_l2(out, unpaged[0]) < BOUND[kv_format]
 
 
 @pytest.mark.parametrize("variant", ["", "fast"])

@@ -68,8 +68,8 @@ def test_one_plan_two_calls_new_data_and_new_lengths(make_case, kv_format):
     kept = out_1.clone()
     out_2 = planned.run(second.q, cache_2, second.qo_indptr, second.kv_indptr)
     assert out_1.data_ptr() != out_2.data_ptr() and torch.equal(out_1, kept)
-    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[kv_format]
-    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[kv_format]
+    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
+    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
 
 
 def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case):
@@ -130,13 +130,16 @@ def test_a_forced_backend_that_cannot_run_is_an_error(make_case, monkeypatch):
         api.decode(case.q, case.cache("fp8"), case.qo_indptr, case.kv_indptr, kv_format="fp8")
 
 
-def test_the_planned_backend_of_this_machine_is_usable(make_case):
-    """On an H200 this fails when the Hopper backend is broken, instead of silently timing the torch fallback."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    arch = planner.device_arch(device)
-    for kv_format in ("bf16", "fp8", "mxfp4"):
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_the_planned_backend_is_built_for_its_arch_and_usable_here(kv_format):
+    """Every arch's plan names a backend built for that arch; and on an H200 this fails when the Hopper backend is
+    broken, instead of silently timing the torch fallback."""
+    for arch in planner.TABLE_FILES:
         backend = planner.plan_for(arch, 4, 1, 1024, 16, kv_format).backend
-        assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)
+        assert arch in backends.spec(backend).archs, (arch, kv_format, backend)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = planner.plan_for(planner.device_arch(device), 4, 1, 1024, 16, kv_format).backend
+    assert backends.unavailable_reason(backend, device) is None, (backend, kv_format)
 
 
 class _FakeBackend:
@@ -248,8 +251,8 @@ def test_lse_is_the_natural_log_sum_exp(device_backend, kv_format):
     ref, ref_lse = exact.exact_attention(case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, DEFAULT_SM_SCALE,
                                          return_lse=True)
     assert lse.dtype == torch.float32 and lse.shape == (8, 16)
-    assert _error(out, case, kv_format, cache) < exact.STRICT_BOUND[kv_format]
-    assert lse_error(lse, ref_lse) < exact.STRICT_BOUND[kv_format]
+    assert _error(out, case, kv_format, cache) < exact.STRICT_BOUND[(kv_format, name)]
+    assert lse_error(lse, ref_lse) < exact.STRICT_BOUND[(kv_format, name)]
     assert lse_error(lse / torch.log(torch.tensor(2.0)), ref_lse) > 0.4          # log2: refused
     assert lse_error(lse.nan_to_num(neginf=0.0), ref_lse) == float("inf")         # -inf rows must stay -inf
 

@@ -101,6 +101,20 @@ def test_without_popcorn_fd_a_table_is_printed(workdir):
     assert lines[-1] == "check: pass"
 
 
+def test_the_table_shows_the_strict_error_beside_the_verdict(workdir):
+    """The plain float32 submission reads the bf16 cache: ~0.002 from exact attention on it (bf16 output rounding);
+    an all-ones output scores far off, whatever the leaderboard's check says."""
+    code, _, stdout, stderr = run_eval(workdir, "test", "cases.txt", popcorn=False)
+    assert code == 0, stderr
+    rows = [line for line in stdout.splitlines() if line.startswith((SMALL_CASE, OTHER_CASE))]
+    assert len(rows) == 2 and all("(bf16)" in row and row.endswith("pass") for row in rows)
+    assert all(float(row.split("(bf16)")[0].split()[-1]) < 0.003 for row in rows)
+    (workdir / "submission.py").write_text(ONES_SUBMISSION)
+    _, _, stdout, _ = run_eval(workdir, "test", "one.txt", popcorn=False)
+    row = next(line for line in stdout.splitlines() if line.startswith(SMALL_CASE))
+    assert float(row.split("(")[0].split()[-1]) > 1.0 and row.endswith("FAIL")
+
+
 def test_test_mode_without_popcorn_fd_prints_pass_and_fail(workdir):
     (workdir / "submission.py").write_text(ONES_SUBMISSION)
     code, _, stdout, _ = run_eval(workdir, "test", "one.txt", popcorn=False)

@@ -38,13 +38,13 @@ def test_causal_rule_and_empty_segments_give_zero_rows():
 def test_strict_check_accepts_bf16_rounding_and_rejects_garbage():
     q, kv, qo, kvp = _case()
     ref = exact.exact_attention(q, kv, "bf16", qo, kvp, 1 / 24)
-    ok, err, _ = exact.check_strict(ref.to(torch.bfloat16), q, kv, "bf16", qo, kvp, 1 / 24)
+    ok, err, _ = exact.check_strict(ref.to(torch.bfloat16), q, kv, "bf16", qo, kvp, 1 / 24, "torch")
     assert ok and err < 0.003
-    zeros_ok, zeros_err, _ = exact.check_strict(torch.zeros_like(ref), q, kv, "bf16", qo, kvp, 1 / 24)
+    zeros_ok, zeros_err, _ = exact.check_strict(torch.zeros_like(ref), q, kv, "bf16", qo, kvp, 1 / 24, "torch")
     assert not zeros_ok and zeros_err == 1.0
     half = kv.reshape(3, 257, 1, 576)[:, ::2].reshape(-1, 1, 576)       # every other token
     sub = exact.exact_attention(q, half, "bf16", qo, torch.arange(4, dtype=torch.int32) * 129, 1 / 24)
-    sub_ok, sub_err, _ = exact.check_strict(sub, q, kv, "bf16", qo, kvp, 1 / 24)
+    sub_ok, sub_err, _ = exact.check_strict(sub, q, kv, "bf16", qo, kvp, 1 / 24, "torch")
     assert not sub_ok and sub_err > 0.3
     nan = ref.clone()
     nan[0, 0, 0] = float("nan")

@@ -22,6 +22,8 @@ from mixed_mla import exact, formats, selfcheck, validate
 from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
 
+BOUND = exact.path_bounds("hip_gfx950")   # {kv_format: strict bound}
+
 CONFIG_H = Path(__file__).resolve().parents[1] / "mixed_mla/kernels/gfx950/decode/config.h"
 
 
@@ -71,7 +73,7 @@ def test_mirrored_constants_match_the_kernel_config():
 def test_problem_shape_with_many_splits(kv_format):
     # bs 4, kv 1024, 16 splits: the seed's choice for this benchmark shape
     err = _twin_error(Layout(((1, 1024),) * 4, num_splits=16, seed=4217), kv_format)
-    assert err <= exact.STRICT_BOUND[kv_format], err
+    assert err <= BOUND[kv_format], err
 
 
 @st.composite
@@ -89,7 +91,7 @@ def layouts(draw):
 def test_twin_meets_the_strict_bound_on_random_layouts(layout, kv_format):
     # variable lengths, empty segments, q_len 1-4 with the causal rule, partial tiles, empty splits, and |q|
     # from 1e-3 to 1e3 (the cache scaled inversely so the scores stay ~N(0, 1))
-    assert _twin_error(layout, kv_format) <= exact.STRICT_BOUND[kv_format]
+    assert _twin_error(layout, kv_format) <= BOUND[kv_format]
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
@@ -98,8 +100,8 @@ def test_unscaled_q_fails_the_bound(kv_format, q_magnitude):
     # |q| ~ 1e3 saturates e4m3 (max 448) without the scale, |q| ~ 1e-3 sinks into its subnormals; the scores are
     # ~N(0, 1) either way (cache scaled inversely), so only the Q scaling differs between the two runs
     layout = Layout(((1, 300), (2, 77)), num_splits=3, q_magnitude=q_magnitude, seed=7)
-    assert _twin_error(layout, kv_format, scale_q=True) <= exact.STRICT_BOUND[kv_format]
-    assert _twin_error(layout, kv_format, scale_q=False) > 2 * exact.STRICT_BOUND[kv_format]
+    assert _twin_error(layout, kv_format, scale_q=True) <= BOUND[kv_format]
+    assert _twin_error(layout, kv_format, scale_q=False) > 2 * BOUND[kv_format]
 
 
 def test_split_rule_covers_every_tile_once():
@@ -144,7 +146,7 @@ def test_kernel_source_on_cpu_lanes_meets_the_bound_and_matches_the_twin(lane_em
     q, cache, qo, kvp = _poisoned_inputs(kv_format)
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=occupancy)
     assert not error
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, 3)
     # same arithmetic: only the float summation order and the emulator's 1-ulp exp2/log2 differ (a wrong layout ~1)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
@@ -212,7 +214,7 @@ def test_kernel_source_leaves_the_flag_clear_for_good_indptr_and_keeps_a_recorde
     flag = lanes.new_error_flag()
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=2, error_flag=flag)
     assert not error and flag.tolist() == lanes.new_error_flag().tolist()
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
     flag[:] = torch.tensor([KV, 7], dtype=torch.int32)      # an earlier call's violation survives a good call
     error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=1, occupancy=3, error_flag=flag)
     assert not error and flag.tolist() == [KV, 7]
@@ -240,7 +242,7 @@ def test_the_emulator_catches_a_missing_load_wait(tmp_path, ziglang):
     q, cache, qo, kvp = _poisoned_inputs("fp8")
     error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4)
     assert not error
-    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND["fp8"]
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * BOUND["fp8"]
 
 
 @st.composite
@@ -260,7 +262,7 @@ def test_kernel_source_on_cpu_lanes_on_random_layouts(lane_emulator, layout, kv_
     assert not error
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
@@ -274,7 +276,7 @@ def test_tiny_and_zero_q_heads_stay_finite(lane_emulator, kv_format):
     q[1, 2] = q[1, 2] / q[1, 2].abs().max() * 2.0**-121
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, layout.num_splits, occupancy=3)
     assert not error
-    bound = exact.STRICT_BOUND[kv_format]
+    bound = BOUND[kv_format]
     assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
     assert exact.strict_error(twin, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound

@@ -14,6 +14,8 @@ from emulator.gfx950 import facts, lanes
 from mixed_mla.kernels import materialize
 
 CONFIG_H = Path(__file__).resolve().parents[1] / "mixed_mla/kernels/gfx950/decode/config.h"
+KERNEL_DIR = CONFIG_H.parent
+DOCS = Path(__file__).resolve().parents[1] / "docs/gfx950.md"
 FP8, FP4 = 0, 4  # the MFMA's operand-format codes
 
 
@@ -22,19 +24,33 @@ def emulator(tmp_path_factory, ziglang):
     return lanes.build(materialize("gfx950"), tmp_path_factory.mktemp("isa_emulator"))
 
 
-def test_isa_every_fact_is_cited_with_a_confidence():
+def test_isa_every_fact_meets_the_stated_confidence_rule_and_docs_state_it():
+    """facts.py's rule: "high" needs two sources or the normative ISA guide; docs/gfx950.md lists every fact with
+    the same confidence for a reader."""
     keys = [f.key for f in facts.FACTS]
     assert len(keys) == len(set(keys))
+    docs = DOCS.read_text()
     for f in facts.FACTS:
         assert f.sources and all(isinstance(s, str) and s for s in f.sources), f.key
         assert f.confidence in facts.CONFIDENCE, f.key
         assert f.statement.endswith("."), f.key
+        if f.confidence == "high":
+            assert len(f.sources) >= 2 or f.sources[0].startswith(facts.ISA), f.key
+        row = re.search(rf"^\| `{re.escape(f.key)}` \|.*$", docs, re.M)
+        assert row and f"| {f.confidence} |" in row.group(0), f"docs/gfx950.md: no row for {f.key} at {f.confidence}"
 
 
-def test_isa_the_disputed_fp8_layout_names_its_dissent_and_who_bets_on_it():
-    fact = facts.BY_KEY["mfma_scale_16x16x128.fp8_k"]
-    assert any("iree" in d for d in fact.disagree)
-    assert "mxfp4" in fact.bet_by and len(fact.sources) >= 4
+def test_isa_every_disputed_fact_a_design_bets_on_is_cited_there_and_mutated():
+    """A fact with a dissenting source that a kernel design depends on: the kernel sources name it where they bet on
+    it, and tests/test_isa_mutations.py builds the emulator with it overridden (the dissent's alternative)."""
+    disputed = [f for f in facts.FACTS if f.disagree]
+    assert disputed    # the fp8 operand layout at least (IREE disagrees)
+    kernel_text = "".join(path.read_text() for path in KERNEL_DIR.iterdir())
+    mutation_tests = (Path(__file__).parent / "test_isa_mutations.py").read_text()
+    for fact in disputed:
+        assert fact.bet_by, fact.key
+        assert f"[{fact.key}]" in kernel_text, f"no kernel source cites [{fact.key}]"
+        assert f'{{"{fact.key}":' in mutation_tests, f"no mutation test overrides {fact.key}"
 
 
 @pytest.mark.parametrize("key, k_range", [("mfma_scale_16x16x128.fp8_k", 128), ("mfma_scale_16x16x128.fp4_k", 128),

@@ -16,6 +16,8 @@ from mixed_mla import exact, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
 
+BOUND = exact.path_bounds("hip_gfx950")   # {kv_format: strict bound}
+
 
 def _error(lib, kv_format, occupancy=3):
     """(emulator error text, strict error) of the self-check layout (poisoned rows and scale padding)."""
@@ -26,7 +28,7 @@ def _error(lib, kv_format, occupancy=3):
 
 def _rejected(lib, kv_format, occupancy=3):
     error, strict = _error(lib, kv_format, occupancy)
-    return bool(error) or strict > 2 * exact.STRICT_BOUND[kv_format]
+    return bool(error) or strict > 2 * BOUND[kv_format]
 
 
 def _patched_kernels(tmp_path, edits):
@@ -45,7 +47,7 @@ def test_isa_mutation_the_unmutated_mxfp4_kernel_passes(tmp_path, ziglang):
     # the control for every test below: same build path, no mutation
     lib = lanes.build(materialize("gfx950"), tmp_path)
     error, strict = _error(lib, "mxfp4", occupancy=2)
-    assert not error and strict <= exact.STRICT_BOUND["mxfp4"]
+    assert not error and strict <= BOUND["mxfp4"]
 
 
 def test_isa_mutation_old_contiguous_q_packing_fails(tmp_path, ziglang):
@@ -77,7 +79,7 @@ def test_isa_mutation_contiguous_fp8_operands_fail_mxfp4_but_not_fp8(tmp_path, z
     lib = lanes.build(materialize("gfx950"), tmp_path, {"mfma_scale_16x16x128.fp8_k": ((0, 32, 32),)})
     assert _rejected(lib, "mxfp4")
     error, strict = _error(lib, "fp8")
-    assert not error and strict <= exact.STRICT_BOUND["fp8"]
+    assert not error and strict <= BOUND["fp8"]
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixed_mla import planner
+from mixed_mla import backends, planner
 from mixed_mla.constants import KV_FORMATS, SUPPORTED_NUM_HEADS
 from mixed_mla.planner import Plan, candidates, heuristic_splits, plan_for, variants
 
@@ -214,11 +214,13 @@ def test_malformed_tables_are_clear_errors(monkeypatch, entries, message):
     assert message in str(raised.value)
 
 
-def test_the_committed_tables_parse():
-    for filename in planner.TABLE_FILES.values():
-        path = planner.TABLE_DIR / filename
-        if path.exists():
-            planner.parse_table(path.read_text(), filename)
+@pytest.mark.parametrize("arch, filename", list(planner.TABLE_FILES.items()))
+def test_the_committed_tables_parse_into_plans_their_arch_runs(arch, filename):
+    table = planner.parse_table((planner.TABLE_DIR / filename).read_text(), filename)
+    assert table, f"{filename} has no entries"
+    for (batch, q_len, kv_len, num_heads, requested), plan in table.items():
+        assert arch in backends.spec(plan.backend).archs, (filename, plan)
+        assert requested in ("auto", plan.kv_format), (filename, plan)
 
 
 def test_candidates_cover_the_backends_variants_and_splits():

@@ -2,8 +2,9 @@
 
 The "kernels" here are stand-ins with the backend run signature: the torch backend (right), the gfx950 numerics
 twin (right, the arithmetic the HIP kernels are designed to), and deliberately wrong ones (zeros, a head-group
-indexing bug, a kernel reading past its segment, a kernel that raises). A wrong one must be refused with exactly
-one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check.
+indexing bug, a kernel reading past its segment, a kernel that raises, and tests/kernel_mutations.py's four: a
+causal off-by-one, an output 4% small, a wrong MXFP4 scale exponent, a wrong fp8 scale). A wrong one must be refused
+with exactly one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check.
 """
 import warnings
 from dataclasses import replace
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from emulator.gfx950 import hip_twin
+from kernel_mutations import CASES, CONTROLS, mutate
 from mixed_mla import selfcheck
 from mixed_mla.backends import torch_ref
 from mixed_mla.planner import Plan
@@ -81,6 +83,24 @@ def test_wrong_kernel_is_refused_once_with_one_warning(kernel, kv_format):
         warnings.simplefilter("error")   # the remembered verdict: no second warning, no second run
         assert not selfcheck.verified("hip_gfx950", counted, _plan(kv_format, "occ2"), "cpu")
     assert counted.calls == calls == 1   # the first failing run ends the check
+
+
+# (path, a correct kernel for it): the gfx950 twin (its fp8 Q costs 0.0065 on the self-check layout) and the torch
+# backend's arithmetic under the gfx950 and the cuda_sm90 bounds
+CHECKED_PATHS = [("hip_gfx950", twin_kernel), ("hip_gfx950", torch_ref.run), ("cuda_sm90", torch_ref.run)]
+
+
+@pytest.mark.parametrize("backend,base", CHECKED_PATHS, ids=["gfx950-twin", "gfx950-torch", "sm90-torch"])
+@pytest.mark.parametrize("mutation,kv_format", [case for case in CASES + CONTROLS if case[1] != "bf16"])
+def test_each_kernel_mutation_is_refused_and_the_control_passes(backend, base, mutation, kv_format):
+    plan = replace(_plan(kv_format, "occ2"), backend=backend)
+    if mutation is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert selfcheck.verified(backend, base, plan, "cpu")
+        return
+    with pytest.warns(RuntimeWarning, match="self-check failed"):
+        assert not selfcheck.verified(backend, mutate(base, mutation), plan, "cpu")
 
 
 def merge_only_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):

@@ -4,9 +4,12 @@ aiter only runs on ROCm, but its wheel holds the Python sources, which is all th
 signatures of the functions the aiter route calls, read with `ast` (nothing of aiter is imported or executed).
 
     python tools/aiter_sources.py            # download (cached), print the wheel's version and the signatures
+    python tools/aiter_sources.py --unpack   # also write the files the contract test reads to .build/aiter_sources/
 
 The wheel (~40 MB) is cached under .build/aiter_wheel/ (git-ignored). `pip download` runs on every call so a newer
-release on PyPI replaces the cached one; when PyPI cannot be reached, the newest cached wheel is used.
+release on PyPI replaces the cached one; when PyPI cannot be reached, the newest cached wheel is used. scripts/setup-env
+runs --unpack, so CI's tests/test_aiter_contract.py reads aiter's sources from .build/aiter_sources/ (data, not code we
+ship or import) when MLA_AITER_SOURCES names no other checkout.
 """
 import ast
 import importlib.util
@@ -19,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 WHEEL_CACHE = REPO / ".build" / "aiter_wheel"
+SOURCES_DIR = REPO / ".build" / "aiter_sources"   # the FUNCTION_FILES of the newest wheel, as a tree
 PACKAGE = "amd-aiter"
 # Where the functions the aiter route calls are defined, as the route imports them:
 # aiter.mla.mla_decode_fwd, and aiter.get_mla_metadata_* (re-exported by aiter/__init__.py from ops/attention.py).
@@ -51,6 +55,15 @@ def wheel_sources(wheel: Path) -> dict:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         return {path: archive.read(path).decode() for path in set(FUNCTION_FILES.values()) if path in names}
+
+
+def unpack(wheel: Path, dest: Path = SOURCES_DIR) -> Path:
+    """Writes the wheel's FUNCTION_FILES under `dest` (a tree tree_sources reads), with the wheel's name beside them."""
+    for path, text in wheel_sources(wheel).items():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_text(text)
+    (dest / "WHEEL").write_text(wheel.name + "\n")
+    return dest
 
 
 def tree_sources(root: Path) -> dict:
@@ -110,6 +123,8 @@ def signatures(sources: dict) -> dict:
 def main():
     wheel = download_wheel()
     print(f"{wheel.name} ({wheel.stat().st_size / 2**20:.1f} MiB, cached in {wheel.parent})")
+    if "--unpack" in sys.argv[1:]:
+        print(f"sources of {', '.join(sorted(set(FUNCTION_FILES.values())))} written to {unpack(wheel)}")
     for name, signature in signatures(wheel_sources(wheel)).items():
         print(f"{name}{signature}")
 

@@ -70,8 +70,9 @@ def measure(candidate: planner.Plan, shape: Shape, inputs, reference, repeats: i
 
         error = exact.relative_l2(call(), reference[candidate.kv_format])
         record["strict_error"] = error if math.isfinite(error) else None
-        if not error < exact.STRICT_BOUND[candidate.kv_format]:
-            record["status"] = f"rejected: strict error {error:.3g} >= {exact.STRICT_BOUND[candidate.kv_format]}"
+        bound = exact.STRICT_BOUND[(candidate.kv_format, candidate.backend)]
+        if not error < bound:
+            record["status"] = f"rejected: strict error {error:.3g} >= {bound}"
             return record
         record["us"] = whole_call_us(call, repeats, inputs.q.device)
         record["status"] = "ok"

@@ -72,7 +72,8 @@ def check_case(spec: str, args: dict, kv_formats, path_names=None) -> list:
                                                      atol=atol)[0]
             error = exact.strict_error(out, q, kv_data[kv_format], kv_format, qo_indptr, kv_indptr,
                                        config["sm_scale"])
-            records.append(Record(spec, kv_format, path, mismatch, passes, error, exact.STRICT_BOUND[kv_format]))
+            bound = exact.STRICT_BOUND[(kv_format, path)]
+            records.append(Record(spec, kv_format, path, mismatch, passes, error, bound))
     return records
 
 

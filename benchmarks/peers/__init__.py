@@ -33,6 +33,7 @@ class Implementation:
     prepare: Callable               # (input sets) -> (run, note)
     in_sweep: bool = True
     max_rows: int = NO_ROW_LIMIT    # larger shapes (batch * kv_len cache rows) are not timed
+    path: str = "peer"              # its strict bound's path (mixed_mla.exact.STRICT_BOUND): our backend's name
 
     @property
     def name(self) -> str:
@@ -48,7 +49,8 @@ def implementations(our_backends) -> list:
                 f"{ours.NAME} {backend}", kv_format, True,
                 lambda device, f=kv_format, b=backend: ours.unavailable_reason(device, f, b),
                 lambda sets, f=kv_format, b=backend: ours.prepare(sets, f, b),
-                in_sweep=backend != "torch", max_rows=TORCH_BACKEND_MAX_ROWS if backend == "torch" else NO_ROW_LIMIT))
+                in_sweep=backend != "torch", max_rows=TORCH_BACKEND_MAX_ROWS if backend == "torch" else NO_ROW_LIMIT,
+                path=backend))
     # Foreign kernels last: a fault in a peer's kernel would poison the CUDA context for whatever runs after it.
     for peer in PEERS:
         for kv_format in KV_FORMATS:
