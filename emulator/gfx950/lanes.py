@@ -40,7 +40,7 @@ def build(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
     (out_dir / "isa_facts.h").write_text(facts.header(overrides))
     lib = out_dir / "emulation.so"
     result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
-                    "-DMLA_CPU_EMULATION", "-x", "c++", "-I", str(Path(kernel_dir) / "decode"), "-I", str(HERE),
+                    "-x", "c++", "-I", str(HERE), "-I", str(Path(kernel_dir) / "decode"),
                     "-I", str(out_dir), str(HERE / "driver.cpp"), "-o", str(lib)], capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"the emulator did not build:\n{result.stderr[-4000:]}")
