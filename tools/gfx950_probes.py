@@ -145,6 +145,12 @@ def mfma_inputs(calls) -> np.ndarray:
     return np.concatenate(words)
 
 
+def every_byte(scales) -> np.ndarray:
+    """e8m0 scales repeated in all 4 bytes of their register: what op_sel picks then does not matter (the op_sel
+    probe alone asks which byte it is)."""
+    return np.asarray(scales, dtype=np.int64) * 0x01010101
+
+
 def d_matrix(out: np.ndarray, call: int) -> np.ndarray:
     """The 16x16 result of MFMA call `call`, read through the fact base's result layout."""
     rows_per_group, columns = facts.value("mfma_16x16.d_layout")
@@ -170,7 +176,7 @@ def probe_mfma_rows(device: Device) -> list:
         for i in range(16):
             a[operand_lane(i, 0), 0] = e4m3_codes([i + 1 if a_tag else 1])[0]
             b[operand_lane(i, 0), 0] = e4m3_codes([i + 1 if b_tag else 1])[0]
-        calls.append((a, b, np.full(64, E8M0_ONE), np.full(64, E8M0_ONE)))
+        calls.append((a, b, every_byte(np.full(64, E8M0_ONE)), every_byte(np.full(64, E8M0_ONE))))
     out = device.run("mfma_fp8_fp8", mfma_inputs(calls))
     raw = [as_float(out[c * MFMA_OUT_WORDS:(c + 1) * MFMA_OUT_WORDS]).reshape(64, 4) for c in range(2)]
     rows_per_group, columns = facts.value("mfma_16x16.d_layout")
@@ -197,7 +203,7 @@ def probe_mfma_fp4_fp8(device: Device) -> list:
                 for byte in range(32):
                     if c == 7 or (32 * group + byte) >> c & 1:
                         b[operand_lane(c, group), byte] = E4M3_ONE
-        calls.append((a, b, np.full(64, E8M0_ONE), np.full(64, E8M0_ONE)))
+        calls.append((a, b, every_byte(np.full(64, E8M0_ONE)), every_byte(np.full(64, E8M0_ONE))))
     out = device.run("mfma_fp4_fp8", mfma_inputs(calls))
     fp8 = facts.lane_k_map(facts.value("mfma_scale_16x16x128.fp8_k"))
     fp4 = facts.lane_k_map(facts.value("mfma_scale_16x16x128.fp4_k"))
@@ -234,7 +240,7 @@ def probe_mfma_scale_lanes(device: Device) -> list:
         a[16 * kb:16 * kb + 16, :16] = FP4_ONE * 0x11
         b = np.zeros((64, 32), np.uint8)
         b[:, :16] = FP4_ONE * 0x11
-        calls.append((a, b, 64 + np.arange(64), np.full(64, E8M0_ONE)))
+        calls.append((a, b, every_byte(64 + np.arange(64)), every_byte(np.full(64, E8M0_ONE))))
     out = device.run("mfma_fp4_fp4", mfma_inputs(calls))
     per_block, per_row = facts.value("mfma_scale_16x16x128.scale_lane")
     lanes = np.array([[math.log2(d_matrix(out, kb)[i, 0] / 32) + 63 if d_matrix(out, kb)[i, 0] > 0 else -1
