@@ -292,7 +292,7 @@ def probe_load_lds(device: Device) -> list:
     for image, (size, imm) in zip(images, ((4, 0), (12, 0), (16, 0), (4, 64))):
         stride, written = placement[size]
         expected = np.full(LDS_PROBE_BYTES, 0xA5, np.uint8)
-        undefined = np.zeros(LDS_PROBE_BYTES, bool)    # a slot's unwritten bytes: the old value or the emulator's poison
+        undefined = np.zeros(LDS_PROBE_BYTES, bool)    # a slot's unwritten bytes: old value or the emulator's poison
         for lane in range(64):
             src = (imm if offset["global"] else 0) + size * lane
             dst = (imm if offset["lds"] else 0) + stride * lane

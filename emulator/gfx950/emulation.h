@@ -1,7 +1,8 @@
 // CPU lane-level emulation of the HIP names and amdgcn builtins the gfx950 kernels use (the kernels' prelude.h
-// includes it through hip/hip_runtime.h, the emulator's stand-in for the HIP header). Test equipment, never shipped: every lane of a workgroup is a
-// fiber running the unchanged kernel source, so its indexing, lane roles, masking, tiling, split and merge logic
-// execute for real against exact attention (tests/test_hip_twin.py, tests/test_isa_*.py).
+// includes it through hip/hip_runtime.h, the emulator's stand-in for the HIP header). Test equipment, never
+// shipped: every lane of a workgroup is a fiber running the unchanged kernel source, so its indexing, lane roles,
+// masking, tiling, split and merge logic execute for real against exact attention (tests/test_hip_twin.py,
+// tests/test_isa_*.py).
 //
 // Every hardware behaviour comes from isa_facts.h, which emulator/gfx950/facts.py writes from the cited fact base:
 // MFMA operand, scale and result lane maps, direct-to-LDS placement, the s_waitcnt encoding, number formats,

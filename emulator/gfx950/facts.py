@@ -280,7 +280,8 @@ def header(overrides=None) -> str:
         "// the byte of the scale register each op_sel picks; fp4 element 2i in the low (true) or high nibble",
         "constexpr int OPSEL_BYTE[4] = {" + ", ".join(str(b) for b in value("mfma_scale_16x16x128.opsel",
                                                                             overrides)) + "};",
-        f"constexpr bool F4_LOW_NIBBLE_EVEN = {str(value('mfma_scale_16x16x128.fp4_nibble', overrides) == 'low_even').lower()};",
+        "constexpr bool F4_LOW_NIBBLE_EVEN = "
+        f"{str(value('mfma_scale_16x16x128.fp4_nibble', overrides) == 'low_even').lower()};",
         "// [lane group][element] -> K of the 16x16x32 bf16 MFMA",
         _table("BF16_K", bf16),
         f"constexpr int D_ROWS_PER_GROUP = {value('mfma_16x16.d_layout', overrides)[0]};",
