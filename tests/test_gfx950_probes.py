@@ -83,7 +83,8 @@ def test_the_bring_up_probes_first_and_hands_the_verdict_on(tmp_path, monkeypatc
     steps = bringup.default_steps()
     assert steps[0].name == bringup.PROBE_STEP and "tools/gfx950_probes.py" in steps[0].command
     assert bringup.GFX950_DISABLE == probes.DISABLE_ENV
-    monkeypatch.delenv(bringup.GFX950_DISABLE, raising=False)
+    monkeypatch.setenv(bringup.GFX950_DISABLE, "")     # monkeypatch restores what the step sets below
+    monkeypatch.delenv(bringup.GFX950_DISABLE)
     (tmp_path / bringup.PROBE_DISABLE_FILE).write_text("mxfp4:*\n")
     bringup.apply_probe_verdicts(steps[1], tmp_path)          # another step's end changes nothing
     assert bringup.GFX950_DISABLE not in os.environ

@@ -26,6 +26,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gfx950_report  # noqa: E402
+
 LLVM_BIN = Path(os.environ.get("MLA_LLVM_BIN", "/usr/lib/llvm-22/bin"))   # Debian's llvm-22 and lld-22
 ARCH = "gfx950"
 VGPRS_PER_SIMD_LANE = 512
@@ -176,12 +179,8 @@ def tile_pipeline(code: list) -> dict:
 
 
 def check(kernel: KernelObject) -> list:
-    problems = []
-    if kernel.private_segment_fixed_size or kernel.vgpr_spill_count or kernel.sgpr_spill_count:
-        problems.append(f"scratch {kernel.private_segment_fixed_size} B, spills {kernel.vgpr_spill_count} VGPR "
-                        f"{kernel.sgpr_spill_count} SGPR")
-    if kernel.target_wg_per_cu is not None and kernel.wg_per_cu < kernel.target_wg_per_cu:
-        problems.append(f"{kernel.wg_per_cu} workgroups/CU < target {kernel.target_wg_per_cu}")
+    problems = gfx950_report.resource_problems(kernel.private_segment_fixed_size, kernel.vgpr_spill_count,
+                                               kernel.sgpr_spill_count, kernel.wg_per_cu, kernel.target_wg_per_cu)
     if kernel.name.startswith("stage1_"):
         pipeline = kernel.tile_pipeline
         if not pipeline["loads_to_lds"] or not pipeline["mfma"]:

@@ -127,6 +127,11 @@ def e2m1_value(code: int) -> float:
     return -magnitude if code & 8 else magnitude
 
 
+def bf16_pair_word(pair) -> int:
+    """Two bf16 bit patterns as the 32-bit word a packed conversion writes (the first in the low half)."""
+    return int(pair[1]) << 16 | int(pair[0])
+
+
 def same_bits_or_nan(got, expected) -> bool:
     """bf16 words equal, or both NaN."""
     nan = lambda w: (w & 0x7F80) == 0x7F80 and (w & 0x7F) != 0  # noqa: E731
@@ -353,7 +358,7 @@ def probe_cvt_pk_fp8(device: Device) -> list:
     old = (0x5A5A5A5A ^ np.arange(64)).astype(np.int64)
     out = device.run("cvt_pk_fp8", np.concatenate([float_words(x).astype(np.int64), old]))[:192].view(np.uint32)
     codes = e4m3_codes(x).astype(np.uint32).reshape(64, 4)
-    shift = 8 * {"byte": 1, "word": 2}[facts.value("cvt_pk_fp8_f32")["select"]]
+    shift = 8 * facts.SELECT_BYTES[facts.value("cvt_pk_fp8_f32")["select"]]
     put = lambda word, pair, sel: (word & ~(0xFFFF << (shift * sel)) & 0xFFFFFFFF) | (pair << (shift * sel))  # noqa
     wrong = []
     for lane in range(64):
@@ -375,7 +380,7 @@ def probe_cvt_bf16_fp8(device: Device) -> list:
     out = device.run("cvt_bf16_fp8", np.concatenate([words, float_words([scale]).astype(np.int64)]))[:256]
     got = out.view(np.uint32).reshape(64, 4)
     fact = facts.value("cvt_scalef32_pk_bf16_fp8")
-    unit = {"byte": 1, "word": 2}[fact["select"]]
+    unit = facts.SELECT_BYTES[fact["select"]]
     wrong = []
     for lane in range(64):
         codes = np.arange(4 * lane, 4 * lane + 4)
@@ -387,7 +392,7 @@ def probe_cvt_bf16_fp8(device: Device) -> list:
             if not (same_bits_or_nan(word & 0xFFFF, int(expected[0])) and
                     same_bits_or_nan(word >> 16, int(expected[1]))):
                 wrong.append(f"codes {codes.tolist()} word_sel {sel} scale {s}: {word:#010x}, expected "
-                             f"{int(expected[1]) << 16 | int(expected[0]):#010x}")
+                             f"{bf16_pair_word(expected):#010x}")
     observed = "; ".join(wrong[:4]) or "all 256 codes, both words, two scales"
     return [Verdict("cvt_scalef32_pk_bf16_fp8", not wrong, observed), Verdict("e4m3fn", not wrong, observed)]
 
@@ -399,7 +404,7 @@ def probe_cvt_bf16_fp4(device: Device) -> list:
     out = device.run("cvt_bf16_fp4", np.concatenate([words, float_words([scale]).astype(np.int64)]))[:256]
     got = out.view(np.uint32).reshape(64, 4)
     fact = facts.value("cvt_scalef32_pk_bf16_fp4")
-    unit = {"byte": 1, "word": 2}[fact["select"]]
+    unit = facts.SELECT_BYTES[fact["select"]]
     wrong = []
     for lane in range(64):
         for sel in range(4):
@@ -408,9 +413,9 @@ def probe_cvt_bf16_fp4(device: Device) -> list:
             first, second = (lo, hi) if fact["first"] == "low" else (hi, lo)
             expected = bf16_bits([e2m1_value(first) * scale, e2m1_value(second) * scale])
             word = int(got[lane, sel])
-            if word != (int(expected[1]) << 16 | int(expected[0])):
+            if word != bf16_pair_word(expected):
                 wrong.append(f"word {int(words[lane]):#010x} byte_sel {sel}: {word:#010x}, expected "
-                             f"{int(expected[1]) << 16 | int(expected[0]):#010x}")
+                             f"{bf16_pair_word(expected):#010x}")
     observed = "; ".join(wrong[:4]) or "all 16 codes through every byte_sel"
     return [Verdict("cvt_scalef32_pk_bf16_fp4", not wrong, observed), Verdict("e2m1", not wrong, observed)]
 
@@ -423,7 +428,7 @@ def probe_cvt_bf16_f32(device: Device) -> list:
     got = device.run("cvt_bf16_f32", float_words(x).astype(np.int64))[:64].view(np.uint32)
     expected = bf16_bits(x).astype(np.uint32).reshape(64, 2)
     wrong = [f"{x[2 * i]:g}, {x[2 * i + 1]:g}: {int(got[i]):#010x}" for i in range(64)
-             if int(got[i]) != int(expected[i, 1] << 16 | expected[i, 0])]
+             if int(got[i]) != bf16_pair_word(expected[i])]
     return [Verdict("cvt_pk_bf16_f32", not wrong, "; ".join(wrong[:4]) or "128 values, ties to even")]
 
 

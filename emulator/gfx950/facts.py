@@ -228,6 +228,7 @@ BY_KEY = {f.key: f for f in FACTS}
 # same numbers): clang/lib/Frontend/InitPreprocessor.cpp.
 HIP_MEMORY_SCOPES = {"singlethread": 1, "wavefront": 2, "workgroup": 3, "agent": 4, "system": 5, "cluster": 6}
 CONFIDENCE = ("high", "medium")
+SELECT_BYTES = {"byte": 1, "word": 2}   # bytes a conversion's select operand steps by (the cvt facts' "select")
 
 
 def value(key: str, overrides=None):
@@ -263,7 +264,6 @@ def header(overrides=None) -> str:
     per_block, per_row = value("mfma_scale_16x16x128.scale_lane", overrides)
     scale_rows = [[per_block * kb + per_row * i for i in range(16)] for kb in range(4)]
     offset = value("global_load_lds.offset", overrides)
-    select_bytes = {"byte": 1, "word": 2}
     cvt_fp8, cvt_bf16_fp8, cvt_bf16_fp4 = (value(k, overrides) for k in ("cvt_pk_fp8_f32", "cvt_scalef32_pk_bf16_fp8",
                                                                          "cvt_scalef32_pk_bf16_fp4"))
     lds_rows = [[size, stride, written] for size, (stride, written) in sorted(placement.items())]
@@ -291,10 +291,10 @@ def header(overrides=None) -> str:
         f"constexpr bool LDS_DMA_OFFSET_GLOBAL = {str(offset['global']).lower()}, "
         f"LDS_DMA_OFFSET_LDS = {str(offset['lds']).lower()};",
         "// conversions: bytes selected per unit of the select operand; which half comes first",
-        f"constexpr int CVT_PK_FP8_SELECT_BYTES = {select_bytes[cvt_fp8['select']]};",
-        f"constexpr int CVT_BF16_FP8_SELECT_BYTES = {select_bytes[cvt_bf16_fp8['select']]};",
+        f"constexpr int CVT_PK_FP8_SELECT_BYTES = {SELECT_BYTES[cvt_fp8['select']]};",
+        f"constexpr int CVT_BF16_FP8_SELECT_BYTES = {SELECT_BYTES[cvt_bf16_fp8['select']]};",
         f"constexpr bool CVT_BF16_FP8_LOW_FIRST = {str(cvt_bf16_fp8['first'] == 'low').lower()};",
-        f"constexpr int CVT_BF16_FP4_SELECT_BYTES = {select_bytes[cvt_bf16_fp4['select']]};",
+        f"constexpr int CVT_BF16_FP4_SELECT_BYTES = {SELECT_BYTES[cvt_bf16_fp4['select']]};",
         f"constexpr bool CVT_BF16_FP4_LOW_FIRST = {str(cvt_bf16_fp4['first'] == 'low').lower()};",
         f"constexpr int VMCNT_LO_SHIFT = {vm['lo'][0]}, VMCNT_LO_BITS = {vm['lo'][1]};",
         f"constexpr int VMCNT_HI_SHIFT = {vm['hi'][0]}, VMCNT_HI_BITS = {vm['hi'][1]};",
