@@ -17,7 +17,6 @@ import argparse
 import ctypes
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -533,6 +532,8 @@ def main(argv=None) -> int:
     parser.add_argument("--disable-file", type=Path, help=f"write {DISABLE_ENV}'s value (may be empty) here")
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON")
     args = parser.parse_args(argv)
+    if args.disable_file:   # a run that fails before its verdicts must not leave an earlier run's list behind
+        args.disable_file.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="gfx950_probes_") as work:
         try:
             device = emulated_device(Path(work)) if args.emulate else rocm_device(Path(work))
