@@ -7,6 +7,7 @@ package: `python tools/bundle.py` (CI fails while this file differs: `python too
 It holds only what runs: the modules custom_kernel imports, the sources of the kernels the backends
 build, the planner tables.
 <<<<<<< HEAD
+<<<<<<< HEAD
 18 modules, 30 kernel sources, 2 planner tables. The package is registered as _mixed_mla_9411d2416dd3.
 """
 
@@ -17,6 +18,12 @@ _PACKAGE = '_mixed_mla_9411d2416dd3'
 
 _PACKAGE = '_mixed_mla_8f0ddf56e21f'
 >>>>>>> oracle
+=======
+16 modules, 29 kernel sources, 2 planner tables. The package is registered as _mixed_mla_81bacda16ea6.
+"""
+
+_PACKAGE = '_mixed_mla_81bacda16ea6'
+>>>>>>> gfx950-probes
 
 import importlib.abc
 import importlib.util
@@ -1610,6 +1617,7 @@ The build happens in `available` (the first plan on a device), outside any timed
 compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.selfcheck on the first use of each
 (variant, format) and routes a failing one elsewhere.
 """
+import fnmatch
 import functools
 import os
 
@@ -1623,6 +1631,9 @@ from .cuda_sm90 import make_workspace  # the same split workspace: partials, LSE
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
 FORMATS_WITH_EVIDENCE = ("fp8",)                # the seed's measured fp8 design; mxfp4 never ran on an MI355X
+# "format:variant" patterns (fnmatch, comma-separated) of variants turned off: the hardware probes
+# (tools/gfx950_probes.py, the bring-up's first step) write those whose design bets on a contradicted fact.
+DISABLE_ENV = "MLA_GFX950_DISABLE"
 OCCUPANCY = {"occ2": 2, "occ3": 3, "occ4": 4}   # Plan.variant -> workgroups per CU (config.h)
 DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
@@ -1640,9 +1651,17 @@ GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gf
 from . import BackendSpec, build_failure  # noqa: E402
 from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 
+def disabled(kv_format: str, variant: str) -> bool:
+    """Whether DISABLE_ENV turns off this (format, variant) ("*" for any variant)."""
+    patterns = [p.strip() for p in os.environ.get(DISABLE_ENV, "").split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(f"{kv_format}:{variant}", p) for p in patterns)
+
+
 def served_formats():
-    """The formats this backend serves now: FORMATS with the opt-in, else FORMATS_WITH_EVIDENCE."""
-    return FORMATS if os.environ.get(MXFP4_OPT_IN) == "1" else FORMATS_WITH_EVIDENCE
+    """The formats this backend serves now: FORMATS with the opt-in, else FORMATS_WITH_EVIDENCE; less any format
+    whose every variant DISABLE_ENV turns off."""
+    formats = FORMATS if os.environ.get(MXFP4_OPT_IN) == "1" else FORMATS_WITH_EVIDENCE
+    return tuple(f for f in formats if not disabled(f, "*"))
 
 
 SPEC = BackendSpec(
@@ -1678,6 +1697,9 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     variant = plan.variant or DEFAULT_VARIANT
     if variant not in OCCUPANCY:
         raise ValueError(f"hip_gfx950 variant must be one of {', '.join(OCCUPANCY)}, got {variant!r}")
+    if disabled(kv_format, variant):
+        raise ValueError(f"hip_gfx950 {kv_format}:{variant} is turned off by {DISABLE_ENV} (a hardware probe "
+                         f"contradicted a fact its design bets on)")
     if workspace is None:
         workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
     elif q.shape[0] > workspace.max_total_q:
@@ -3702,9 +3724,8 @@ void guard_indptr(torch::Tensor qo_indptr, torch::Tensor kv_indptr, torch::Tenso
   TORCH_CHECK(err == 0, "hip_gfx950 indptr guard launch failed with hipError ", err);
 }
 '''
-_KERNEL_SOURCES['gfx950/decode/config.h'] = r'''// Tile and layout constants of the gfx950 MLA decode kernels, named once. emulator/gfx950/hip_twin.py mirrors the
-// ones that shape the arithmetic (tile, Q scaling, split rule); tests/test_hip_twin.py checks they agree. The
-// hardware facts they rely on are cited in docs/gfx950.md (keys in brackets below).
+_KERNEL_SOURCES['gfx950/decode/config.h'] = r'''// Tile and layout constants of the gfx950 MLA decode kernels, named once. The hardware facts they rely on are
+// cited in docs/gfx950.md (keys in brackets below).
 #pragma once
 
 namespace mla_gfx950 {
@@ -4144,12 +4165,9 @@ _KERNEL_SOURCES['gfx950/decode/prelude.h'] = r'''// Device prelude: the few HIP 
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
-// A third mode, MLA_CPU_EMULATION, is test equipment: emulator/gfx950/ runs the same text on CPU lanes.
 #pragma once
 
-#if defined(MLA_CPU_EMULATION)
-#include "emulation.h"
-#elif __has_include(<hip/hip_runtime.h>)
+#if __has_include(<hip/hip_runtime.h>)
 #include <hip/hip_runtime.h>
 #else
 #define __global__ __attribute__((global))
@@ -4161,13 +4179,9 @@ _KERNEL_SOURCES['gfx950/decode/prelude.h'] = r'''// Device prelude: the few HIP 
 #include <stdint.h>
 
 // Resource attributes of a kernel: its exact workgroup size and the waves per SIMD (EU) it must leave room for;
-// the compiler caps registers per lane at 512 / waves_per_eu. Meaningless (and absent) on the CPU emulation.
-#if defined(MLA_CPU_EMULATION)
-#define MLA_KERNEL_RESOURCES(threads, waves_per_eu)
-#else
+// the compiler caps registers per lane at 512 / waves_per_eu.
 #define MLA_KERNEL_RESOURCES(threads, waves_per_eu) \
   __attribute__((amdgpu_flat_work_group_size(threads, threads), amdgpu_waves_per_eu(waves_per_eu)))
-#endif
 
 namespace mla_gfx950 {
 

@@ -106,3 +106,47 @@ def test_a_binding_that_declares_the_launcher_differently_is_unresolved(prerequi
     unresolved = rocm_build_tool.unresolved_backend_symbols(binding_obj=objects[1], host_obj=objects[0])
     assert len(unresolved) == 1 and "launch_decode" in unresolved[0]
     assert rocm_build_tool.unresolved_backend_symbols(binding_obj=objects[0], host_obj=objects[0]) == []
+
+
+def test_the_linked_code_object_holds_every_kernel_with_its_resources_and_prefetch(rocm_build):
+    """The device side linked as hipcc links it (lld, ocml/ockl from the triton wheel), read from the object's own
+    metadata and disassembly: no scratch, each occupancy target, and in every prefetching variant a path from a
+    direct-to-LDS load to an LDS read that passes no vmcnt(0) (the compiler added no wait of its own)."""
+    _, result = rocm_build
+    code_object = result["code_object"]
+    assert "error" not in code_object and code_object["device_libs"] == ["ocml.bc", "ockl.bc"]
+    kernels = {k["name"]: k for k in code_object["kernels"]}
+    assert set(kernels) == LAUNCHED_KERNELS
+    for k in kernels.values():
+        assert not k["problems"], (k["name"], k["problems"])
+        assert k["private_segment_fixed_size"] == 0 and k["vgpr_spill_count"] == 0
+    for name, k in kernels.items():
+        if name.startswith("stage1_") and not name.endswith("occ4"):
+            assert k["tile_pipeline"]["overlap_survives"] and 0 not in k["tile_pipeline"]["overlap_waits"], name
+
+
+def _instructions(lines):
+    """[(address, mnemonic, operands)] of a listing, 4 bytes an instruction."""
+    return [(4 * i, *line.split(" ", 1)) if " " in line else (4 * i, line, "") for i, line in enumerate(lines)]
+
+
+def test_the_code_object_check_sees_a_wait_that_kills_the_prefetch():
+    # a tile loop: read, compute, issue the next tile, wait, branch back (-5 dwords: to the read)
+    loop = ["ds_read_b128 v[0:3], v4", "v_mfma_scale_f32_16x16x128_f8f6f4 v[8:11], v[0:7], v[0:7], 0, v1, v1",
+            "global_load_lds_dwordx4 v[4:5], off", "s_waitcnt vmcnt(4)", "s_branch 65531", "s_endpgm"]
+    pipeline = rocm_build_tool.gfx950_code_object.tile_pipeline(_instructions(loop))
+    assert pipeline["overlap_survives"] and pipeline["overlap_waits"] == [4]
+    loop[3] = "s_waitcnt vmcnt(0)"     # what the compiler inserts when it cannot tell the LDS accesses apart
+    pipeline = rocm_build_tool.gfx950_code_object.tile_pipeline(_instructions(loop))
+    assert not pipeline["overlap_survives"]
+    kernel = rocm_build_tool.gfx950_code_object.KernelObject(name="stage1_fp8_occ3", vgpr_count=135,
+                                                              max_flat_workgroup_size=256,
+                                                              group_segment_fixed_size=36864, tile_pipeline=pipeline)
+    assert kernel.wg_per_cu == 3
+    assert any("prefetch overlap is lost" in p for p in rocm_build_tool.gfx950_code_object.check(kernel))
+
+
+def test_the_code_object_check_knows_which_variants_prefetch():
+    config = (ROOT / "mixed_mla/kernels/gfx950/decode/config.h").read_text()
+    assert "return occ == 4 ? 1 : occ == 3 ? 2 : 3;" in config
+    assert rocm_build_tool.gfx950_code_object.BUFFERS == {4: 1, 3: 2, 2: 3}

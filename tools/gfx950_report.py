@@ -152,13 +152,20 @@ def compile_file(path: Path, out_dir: Path) -> tuple[list, str]:
     return kernels, ""
 
 
-def check(report: KernelReport) -> list:
+def resource_problems(scratch_bytes, vgpr_spills, sgpr_spills, wg_per_cu, target_wg_per_cu) -> list:
+    """Scratch or spills, and an occupancy below the variant's target: the checks every view of a kernel makes
+    (this compile's remarks, the linked code object's metadata: tools/gfx950_code_object.py)."""
     problems = []
-    if report.scratch_bytes or report.vgpr_spills or report.sgpr_spills:
-        problems.append(f"scratch {report.scratch_bytes} B/lane, spills {report.vgpr_spills} VGPR "
-                        f"{report.sgpr_spills} SGPR")
-    if report.target_wg_per_cu is not None and report.wg_per_cu < report.target_wg_per_cu:
-        problems.append(f"{report.wg_per_cu} workgroups/CU < target {report.target_wg_per_cu}")
+    if scratch_bytes or vgpr_spills or sgpr_spills:
+        problems.append(f"scratch {scratch_bytes} B/lane, spills {vgpr_spills} VGPR {sgpr_spills} SGPR")
+    if target_wg_per_cu is not None and wg_per_cu < target_wg_per_cu:
+        problems.append(f"{wg_per_cu} workgroups/CU < target {target_wg_per_cu}")
+    return problems
+
+
+def check(report: KernelReport) -> list:
+    problems = resource_problems(report.scratch_bytes, report.vgpr_spills, report.sgpr_spills, report.wg_per_cu,
+                                 report.target_wg_per_cu)
     if report.name.startswith("stage1_") and (report.mfma == 0 or report.loads_to_lds == 0):
         problems.append("no MFMA or no direct-to-LDS load in the ISA")
     return problems

@@ -19,6 +19,11 @@ How:
    - the binding: `c++` with the build.ninja flags, to an object, against this torch's headers plus c10/hip
      headers made by torch's own hipify from the wheel's c10/cuda (what PyTorch's ROCm build does); then every
      mla_gfx950 symbol the binding needs must be defined by the host object (what the .so link would resolve).
+   - the code object: the HIP unit's device side compiled and linked as hipcc links it (lld: Debian's lld-22),
+     with the ROCm device libraries the triton wheel ships (ocml.bc, ockl.bc; the oclc_* control libraries are
+     in no public package, and the kernels call nothing that reads them); then tools/gfx950_code_object.py reads
+     the object with Debian's llvm-22 tools: registers, LDS, scratch and occupancy from its metadata, and whether
+     the tile loops' prefetch overlap survives the compiler's own waits.
    Not compiled: load_inline's implicit `#include <torch/types.h>` at the top of the HIP unit (torch's headers
    under HIP need hip/hip_fp16.h, which the public header set lacks; the result records it). docs/mi355x.md lists
    what differs from a real ROCm build.
@@ -46,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
+import gfx950_code_object  # noqa: E402
 import gfx950_report  # noqa: E402
 
 ARCH = "gfx950"
@@ -54,6 +60,12 @@ ROCM_DIR = ROOT / ".build" / "rocm"          # what --rocm-path and torch's ROCM
 # The HIP headers: the PyPI triton wheel's copy (HIP 7.1 in 3.9.0), only that folder extracted from it.
 TRITON_VERSION = "3.9.0"
 TRITON_HIP_PREFIX = "triton/backends/amd/include/hip/"
+# The ROCm device libraries the same wheel ships (its AMD backend links them into every kernel), kept where ROCm
+# keeps them. hipcc would link the oclc_* control libraries too; no public package here has them.
+TRITON_DEVICE_LIB_PREFIX = "triton/backends/amd/lib/"
+DEVICE_LIBS = ("ocml.bc", "ockl.bc")
+BITCODE_DIR = ROCM_DIR / "amdgcn" / "bitcode"
+LLVM_PACKAGES = ("llvm-22", "lld-22")   # lld for the device link, llvm-objdump / llvm-readobj to read the object
 WHEEL_TAG = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 # clang 22's resource folder with its HIP wrapper headers (Debian: libclang-common-22-dev).
 CLANG_RESOURCE_DIR = Path(os.environ.get("MLA_CLANG_RESOURCE_DIR", "/usr/lib/llvm-22/lib/clang/22"))
@@ -71,7 +83,8 @@ def setup() -> list:
     the wheel) and, as root on Debian, clang 22's HIP wrapper headers. Returns what it did or could not do."""
     done = []
     stamp = ROCM_DIR / "include" / "hip" / ".from-triton"
-    if not (stamp.exists() and stamp.read_text() == TRITON_VERSION):
+    have_libs = all((BITCODE_DIR / lib).exists() for lib in DEVICE_LIBS)
+    if not (stamp.exists() and stamp.read_text() == TRITON_VERSION and have_libs):
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                             *WHEEL_TAG, f"triton=={TRITON_VERSION}", "-d", tmp], check=True)
@@ -83,19 +96,25 @@ def setup() -> list:
                         target = ROCM_DIR / "include" / "hip" / name[len(TRITON_HIP_PREFIX):]
                         target.parent.mkdir(parents=True, exist_ok=True)
                         target.write_bytes(archive.read(name))
+                BITCODE_DIR.mkdir(parents=True, exist_ok=True)
+                for lib in DEVICE_LIBS:
+                    (BITCODE_DIR / lib).write_bytes(archive.read(TRITON_DEVICE_LIB_PREFIX + lib))
         (ROCM_DIR / "bin").mkdir(parents=True, exist_ok=True)
         (ROCM_DIR / "bin" / ".hipVersion").touch()   # clang's ROCm detection looks for it under --rocm-path
         stamp.write_text(TRITON_VERSION)
-        done.append(f"extracted the HIP headers of triton {TRITON_VERSION} into {ROCM_DIR}")
-    if not (CLANG_RESOURCE_DIR / HIP_WRAPPER).exists():
+        done.append(f"extracted the HIP headers and {', '.join(DEVICE_LIBS)} of triton {TRITON_VERSION} into "
+                    f"{ROCM_DIR}")
+    packages = ([CLANG_HEADERS_PACKAGE] if not (CLANG_RESOURCE_DIR / HIP_WRAPPER).exists() else []) + \
+        (list(LLVM_PACKAGES) if gfx950_code_object.missing_tools() else [])
+    if packages:
         if os.geteuid() == 0 and shutil.which("apt-get"):
             apt = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
             subprocess.run(["apt-get", "update", "-q"], check=True, env=apt, stdout=subprocess.DEVNULL)
-            subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", CLANG_HEADERS_PACKAGE],
+            subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
                            check=True, env=apt, stdout=subprocess.DEVNULL)
-            done.append(f"installed {CLANG_HEADERS_PACKAGE}")
+            done.append(f"installed {' '.join(packages)}")
         else:
-            done.append(f"not installed: {CLANG_HEADERS_PACKAGE} (needs root and apt-get)")
+            done.append(f"not installed: {' '.join(packages)} (needs root and apt-get)")
     return done
 
 
@@ -107,6 +126,9 @@ def missing_prerequisites() -> list:
     if not (CLANG_RESOURCE_DIR / HIP_WRAPPER).exists():
         missing.append(f"clang 22's HIP wrapper headers in {CLANG_RESOURCE_DIR} (apt-get install "
                        f"{CLANG_HEADERS_PACKAGE})")
+    missing += [f"{BITCODE_DIR / lib} (python tools/gfx950_rocm_build.py --setup)" for lib in DEVICE_LIBS
+                if not (BITCODE_DIR / lib).exists()]
+    missing += [f"{tool} (apt-get install {' '.join(LLVM_PACKAGES)})" for tool in gfx950_code_object.missing_tools()]
     for tool in ("c++", "nm"):
         if shutil.which(tool) is None:
             missing.append(tool)
@@ -219,6 +241,23 @@ def compile_host(build: dict, work: Path) -> dict:
     return {"object": str(obj)}
 
 
+def link_code_object(build: dict, work: Path) -> dict:
+    """The HIP unit's device side as a linked gfx950 code object (hipcc's device compile and lld link, with the
+    device libraries at hand), read by tools/gfx950_code_object.py: its kernels, or the compiler's error."""
+    hip, obj = Path(build["hip"]), work / "hip-gfx950.hsaco"
+    source = hip.with_name(STRIPPED_UNIT) if hip.with_name(STRIPPED_UNIT).exists() else hip
+    libs = [flag for lib in DEVICE_LIBS
+            for flag in ("-Xclang", "-mlink-builtin-bitcode", "-Xclang", str(BITCODE_DIR / lib))]
+    # clang finds ld.lld on PATH; --no-gpu-bundle-output keeps the bare object (no clang-offload-bundler here)
+    env = dict(os.environ, PATH=f"{gfx950_code_object.LLVM_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    proc = subprocess.run(_hip_command(build) + libs + ["--cuda-device-only", "--no-gpu-bundle-output", "-c",
+                                                        str(source), "-o", str(obj)],
+                          capture_output=True, text=True, cwd=hip.parent, env=env)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip()}
+    return {"object": str(obj), "device_libs": list(DEVICE_LIBS), "kernels": gfx950_code_object.read(obj)}
+
+
 def compile_binding(build: dict, work: Path) -> dict:
     """The hipified binding (main_hip.cpp) with build.ninja's c++ command, to an object."""
     with contextlib.redirect_stdout(sys.stderr):   # hipify prints its progress
@@ -267,11 +306,13 @@ def build(work: Path, device_only: bool = False, kernel_dir=None) -> dict:
         binding = None if device_only else pool.submit(compile_binding, captured, work)
         result["device"] = compile_device(captured, work)
         result["host"] = compile_host(captured, work)
+        if "error" not in result["device"]:
+            result["code_object"] = link_code_object(captured, work)
         if binding is not None:
             result["binding"] = binding.result()
-    failures = [f"{step}: {result[step]['error']}" for step in ("device", "host", "binding")
+    failures = [f"{step}: {result[step]['error']}" for step in ("device", "host", "code_object", "binding")
                 if "error" in result.get(step, {})]
-    for report in result["device"].get("kernels", []):
+    for report in result["device"].get("kernels", []) + result.get("code_object", {}).get("kernels", []):
         failures += [f"{report.name}: {problem}" for problem in report.problems]
     if not device_only and not failures:
         result["unresolved"] = unresolved_backend_symbols(result["binding"]["object"], result["host"]["object"])
@@ -295,12 +336,17 @@ def main() -> int:
         result = build(Path(work), args.device_only, args.kernel_dir)
     kernels = result.get("device", {}).get("kernels", [])
     if args.json:
+        code_object = result.get("code_object", {})
         print(json.dumps(dict(result, device=dict(result.get("device", {}), kernels=[
-            dict(vars(r), wg_per_cu=r.wg_per_cu) for r in kernels])), indent=1, default=str))
+            dict(vars(r), wg_per_cu=r.wg_per_cu) for r in kernels]), code_object=dict(code_object, kernels=[
+                gfx950_code_object.as_dict(k) for k in code_object.get("kernels", [])])), indent=1, default=str))
     else:
         print(f"gfx950 as ROCm torch's load_inline builds it (hipcc flags: {result.get('cuda_cflags', '?')})")
         print(gfx950_report.format_table(kernels))
-        for step in ("device", "host", "binding"):
+        if result.get("code_object", {}).get("kernels"):
+            print(f"linked code object ({', '.join(DEVICE_LIBS)}; read with llvm-22):")
+            print(gfx950_code_object.format_table(result["code_object"]["kernels"]))
+        for step in ("device", "host", "code_object", "binding"):
             if step in result:
                 print(f"{step}: {'FAILED' if 'error' in result[step] else 'ok'}")
         print(f"torch's implicit include: {result.get('device', {}).get('torch_include', '?')}")

@@ -5,6 +5,8 @@
 
 Each step runs in its own process group with a timeout, so a GPU fault, a crash or a hang is reported and the run
 goes on to the next step. Steps, in order:
+  probes          tools/gfx950_probes.py: one probe kernel per gfx950 fact the kernels rely on; the variants whose
+                  design bets on a contradicted fact are turned off (MLA_GFX950_DISABLE) for every later step
   environment     torch, ROCm and GPU facts; whether aiter imports
   bundle          submission.py matches the library (eval.py runs it)
   build           hip_gfx950.available(): the JIT build of the gfx950 kernels through load_inline, timed
@@ -40,6 +42,9 @@ MXFP4_OPT_IN = "MLA_GFX950_MXFP4"     # hip_gfx950.MXFP4_OPT_IN, spelled here so
 ROUTING_OVERRIDES = ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS", "MLA_SELFCHECK")   # planner / selfcheck env
 SELFCHECK_SPLITS = 32                  # the self-check runs 1 split and this many (mostly empty ones, the merge)
 TAIL_LINES = 40
+PROBE_STEP = "probes"
+PROBE_DISABLE_FILE = "gfx950-disable.txt"   # the probe tool's --disable-file, in the report folder
+GFX950_DISABLE = "MLA_GFX950_DISABLE"      # hip_gfx950.DISABLE_ENV
 # Exit codes with a meaning of their own.
 PYTEST_NO_TESTS = 5
 
@@ -75,7 +80,9 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
     def minutes(m):
         return m * 60 * scale
 
-    steps = [Step("environment", [python, tool, "--environment"], minutes(3), plain),
+    steps = [Step(PROBE_STEP, [python, "tools/gfx950_probes.py", "--disable-file", "{out}/" + PROBE_DISABLE_FILE],
+                  minutes(5), plain),
+             Step("environment", [python, tool, "--environment"], minutes(3), plain),
              Step("bundle", [python, "tools/bundle.py", "--check"], minutes(2), plain),
              Step("build", [python, tool, "--build"], minutes(20), plain)]
     steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt],
@@ -135,6 +142,14 @@ def run_step(step: Step, out: Path) -> Outcome:
     return Outcome(step, status, detail, seconds, tail, log)
 
 
+def apply_probe_verdicts(step: Step, out: Path) -> None:
+    """After the probe step: the variants it turned off stay off for every later step (their environment is this
+    process's). A probe run that wrote nothing leaves the environment as it was."""
+    verdicts = out / PROBE_DISABLE_FILE
+    if step.name == PROBE_STEP and verdicts.exists():
+        os.environ[GFX950_DISABLE] = verdicts.read_text().strip()
+
+
 def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Path) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     environment = next((o for o in outcomes if o.step.name == "environment" and o.status == "pass"), None)
@@ -183,6 +198,7 @@ def run(steps: list, out: Path, argv: list) -> list:
     for step in steps:
         print(f"[bring-up] {step.name} ...", flush=True)
         outcome = run_step(step, out)
+        apply_probe_verdicts(step, out)
         print(f"[bring-up] {step.name}: {outcome.status} {outcome.detail} ({outcome.seconds:.1f} s)", flush=True)
         outcomes.append(outcome)
         (out / "REPORT.md").write_text(report_text(outcomes, started, argv, out))   # a killed run keeps a report

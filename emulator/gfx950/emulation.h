@@ -1,7 +1,8 @@
 // CPU lane-level emulation of the HIP names and amdgcn builtins the gfx950 kernels use (the kernels' prelude.h
-// includes this when MLA_CPU_EMULATION is defined). Test equipment, never shipped: every lane of a workgroup is a
-// fiber running the unchanged kernel source, so its indexing, lane roles, masking, tiling, split and merge logic
-// execute for real against exact attention (tests/test_hip_twin.py, tests/test_isa_*.py).
+// includes it through hip/hip_runtime.h, the emulator's stand-in for the HIP header). Test equipment, never
+// shipped: every lane of a workgroup is a fiber running the unchanged kernel source, so its indexing, lane roles,
+// masking, tiling, split and merge logic execute for real against exact attention (tests/test_hip_twin.py,
+// tests/test_isa_*.py).
 //
 // Every hardware behaviour comes from isa_facts.h, which emulator/gfx950/facts.py writes from the cited fact base:
 // MFMA operand, scale and result lane maps, direct-to-LDS placement, the s_waitcnt encoding, number formats,
@@ -187,7 +188,8 @@ inline bool operand_element(const int32_t* reg, int g, int e, int format, float*
   }
   if (format == 4) {
     const uint8_t byte = operand_byte(reg, e / 2);
-    *value = e2m1_value(e % 2 ? byte >> 4 : byte & 0xF);
+    const bool high_nibble = (e % 2 == 1) == mla_facts::F4_LOW_NIBBLE_EVEN;
+    *value = e2m1_value(high_nibble ? byte >> 4 : byte & 0xF);
     *k = mla_facts::F4_K[g][e];
     return true;
   }
@@ -212,8 +214,8 @@ V4F mfma_scale_16x16x128(V8I a, V8I b, V4F c, int format_a, int format_b, int op
   Exchange& w = exchange();
   const int l = lane();
   for (int k = 0; k < 8; ++k) { w.a[l][k] = a[k]; w.b[l][k] = b[k]; }
-  w.scale_a[l] = (scale_a >> (8 * opsel_a)) & 0xFF;
-  w.scale_b[l] = (scale_b >> (8 * opsel_b)) & 0xFF;
+  w.scale_a[l] = (scale_a >> (8 * mla_facts::OPSEL_BYTE[opsel_a & 3])) & 0xFF;
+  w.scale_b[l] = (scale_b >> (8 * mla_facts::OPSEL_BYTE[opsel_b & 3])) & 0xFF;
   wave_sync();
   // an fp8 operand's per-block scale lanes are below high confidence: only a wave-uniform scale is trusted
   bool poisoned = false;
@@ -280,11 +282,11 @@ inline void global_load_lds(const void* src, void* dst, int size, int offset) {
   if (w.pointer[0] != dst) fail("direct-to-LDS destination is not wave-uniform", dst);
   const int* placement = lds_dma_row(size);
   if (!placement) return fail("direct-to-LDS load size outside the fact base", dst);
-  const uint8_t* s = static_cast<const uint8_t*>(src);
+  const uint8_t* s = static_cast<const uint8_t*>(src) + (mla_facts::LDS_DMA_OFFSET_GLOBAL ? offset : 0);
   bool inside = false;
   for (int r = 0; r < 2; ++r) inside |= s >= group->range_lo[r] && s + size <= group->range_hi[r];
   if (!inside) return fail("direct-to-LDS load outside the cache tensors", src);
-  uint8_t* slot = static_cast<uint8_t*>(dst) + offset + placement[1] * lane();
+  uint8_t* slot = static_cast<uint8_t*>(dst) + (mla_facts::LDS_DMA_OFFSET_LDS ? offset : 0) + placement[1] * lane();
   if (slot < __start_mla_emu_lds || slot + placement[1] > __stop_mla_emu_lds)
     return fail("direct-to-LDS write outside LDS", slot);
   std::memset(slot, POISON, placement[1]);  // undefined until the load retires; an unwritten dword stays so
@@ -333,14 +335,34 @@ V2BF pair_bf16(float x, float y) {
   return V2BF{__builtin_bit_cast(__bf16, bf16_bits(x)), __builtin_bit_cast(__bf16, bf16_bits(y))};
 }
 
+// word_sel picks which CVT_PK_FP8_SELECT_BYTES-byte unit receives the two codes; the other bytes keep `old`.
 inline int cvt_pk_fp8(float a, float b, int old, bool high) {
   const unsigned packed = (unsigned)e4m3_code(a) | ((unsigned)e4m3_code(b) << 8);
-  return (int)(((unsigned)old & (high ? 0x0000FFFFu : 0xFFFF0000u)) | (packed << (high ? 16 : 0)));
+  const int shift = 8 * mla_facts::CVT_PK_FP8_SELECT_BYTES * (high ? 1 : 0);
+  return (int)(((unsigned)old & ~(0xFFFFu << shift)) | (packed << shift));
 }
 
 // A scale with a zero exponent field (zero, subnormal) is outside what the sources pin down: poison.
 inline float checked_scale(float scale) {
   return ((__builtin_bit_cast(uint32_t, scale) >> 23) & 0xFF) == 0 ? NAN : scale;
+}
+
+// The two codes a scaled conversion reads: unit `select` (CVT_BF16_*_SELECT_BYTES bytes each), low or high half first.
+// An fp8 pair is two bytes; an fp4 pair two nibbles of one byte.
+template <class V2BF>
+V2BF cvt_scaled_fp8(int src, float scale, int select) {
+  const int at = 8 * mla_facts::CVT_BF16_FP8_SELECT_BYTES * select;
+  const uint8_t lo = (uint8_t)(src >> at), hi = (uint8_t)(src >> (at + 8));
+  const float s = checked_scale(scale);
+  return mla_facts::CVT_BF16_FP8_LOW_FIRST ? pair_bf16<V2BF>(e4m3_value(lo) * s, e4m3_value(hi) * s)
+                                           : pair_bf16<V2BF>(e4m3_value(hi) * s, e4m3_value(lo) * s);
+}
+
+template <class V2BF>
+V2BF cvt_scaled_fp4(int src, float scale, int select) {
+  const uint8_t byte = (uint8_t)(src >> (8 * mla_facts::CVT_BF16_FP4_SELECT_BYTES * select));
+  const float lo = e2m1_value(byte & 0xF), hi = e2m1_value(byte >> 4), s = checked_scale(scale);
+  return mla_facts::CVT_BF16_FP4_LOW_FIRST ? pair_bf16<V2BF>(lo * s, hi * s) : pair_bf16<V2BF>(hi * s, lo * s);
 }
 
 // The ISA allows 1 ulp: even lanes get the next float up, odd lanes the next one down.
@@ -384,13 +406,10 @@ inline int frexp_exponent(float x) {
 #define __builtin_amdgcn_exp2f(x) mla_emu::within_ulp(std::exp2((float)(x)))
 #define __builtin_amdgcn_logf(x) mla_emu::within_ulp(std::log2((float)(x)))
 #define __builtin_amdgcn_cvt_pk_fp8_f32(a, b, old, high) mla_emu::cvt_pk_fp8((a), (b), (old), (high))
-#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(src, scale, high)                                              \
-  mla_emu::pair_bf16<v2bf>(mla_emu::e4m3_value((uint8_t)((src) >> ((high) ? 16 : 0))) * mla_emu::checked_scale(scale), \
-                           mla_emu::e4m3_value((uint8_t)((src) >> ((high) ? 24 : 8))) * mla_emu::checked_scale(scale))
-#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, scale, byte)                                              \
-  mla_emu::pair_bf16<v2bf>(                                                                                      \
-      mla_emu::e2m1_value((uint8_t)(((src) >> (8 * (byte))) & 0xF)) * mla_emu::checked_scale(scale),             \
-      mla_emu::e2m1_value((uint8_t)(((src) >> (8 * (byte) + 4)) & 0xF)) * mla_emu::checked_scale(scale))
+#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(src, scale, high) \
+  mla_emu::cvt_scaled_fp8<v2bf>((int)(src), (scale), (high) ? 1 : 0)
+#define __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, scale, byte) \
+  mla_emu::cvt_scaled_fp4<v2bf>((int)(src), (scale), (byte))
 #define __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(a, b, c, fa, fb, oa, sa, ob, sb) \
   mla_emu::mfma_scale_16x16x128(a, b, c, fa, fb, oa, sa, ob, sb)
 #define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, cbsz, abid, blgp) mla_emu::mfma_16x16x32_bf16(a, b, c)

@@ -7,8 +7,10 @@ the kernel headers; `header(overrides)` writes a deliberately wrong variant for 
 
 Confidence: "high" = two or more independent primary sources agree, or one normative source (the ISA guide) plus
 working public code; "medium" = one source, or sources that are consistent but indirect. Where a fact is below
-high, or the ISA leaves a result undefined, the emulator is hostile (`HOSTILE`): it returns poison (NaN patterns)
-so code that depends on the uncertain part fails instead of passing by luck.
+high and no kernel needs it, or the ISA leaves a result undefined, the emulator is hostile: it returns poison (NaN
+patterns) so code that depends on the uncertain part fails instead of passing by luck. Where a design bets on a
+fact (its `disables` names the variants), the hardware probes (tools/gfx950_probes.py, the first step of the
+MI355X bring-up) settle it on the device before any decode runs, and a contradicted fact turns those variants off.
 docs/gfx950.md states the same facts for a reader.
 """
 from dataclasses import dataclass
@@ -28,6 +30,14 @@ class Fact:
     confidence: str              # "high" | "medium"
     disagree: tuple = ()
     bet_by: str = ""             # which kernel design depends on it ("" = none beyond the obvious)
+    # The hip_gfx950 variants to turn off when a hardware probe contradicts the fact, as "format:variant" patterns
+    # (fnmatch; MLA_GFX950_DISABLE takes the same): "*:*" every variant, "mxfp4:*" the mxfp4 ones, () none.
+    disables: tuple = ()
+
+
+EVERY_VARIANT = ("*:*",)
+MXFP4_VARIANTS = ("mxfp4:*",)
+FP8_VARIANTS = ("fp8:*",)
 
 
 # A lane map is a tuple of runs (k_base, k_per_lane_group, length): a lane of group g = lane / 16 holds, element
@@ -35,14 +45,14 @@ class Fact:
 FACTS = (
     Fact("wave_size", "A gfx950 wave has 64 lanes.", 64,
          (f"{ISA}, wavefront description (64 work-items)",
-          f"{LLVM_AMDGPU}/AMDGPU.td (FeatureWavefrontSize64 for gfx9)"), "high"),
+          f"{LLVM_AMDGPU}/AMDGPU.td (FeatureWavefrontSize64 for gfx9)"), "high", disables=EVERY_VARIANT),
     Fact("lds_bytes_per_cu", "LDS is 160 KiB per CU, all of it addressable by one workgroup.", 160 * 1024,
          ("ROCm blog 'FP8 GEMM Optimization on AMD CDNA4 Architecture', table 1",
           f"{LLVM_AMDGPU}/AMDGPU.td (gfx950: FeatureAddressableLocalMemorySize163840)"), "high"),
     Fact("mfma_scale_16x16x128.ab_row",
          "v_mfma_scale_f32_16x16x128_f8f6f4: lane l holds row (A) / column (B) l % 16 of the operand.", 16,
          (f"{ISA}, section 7.1.5.1", f"{TRITON_AMD}: LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout",
-          "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture'"), "high"),
+          "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture'"), "high", disables=EVERY_VARIANT),
     Fact("mfma_scale_16x16x128.fp8_k",
          "fp8 operand (format 0/1): a lane of group g holds K 16g..16g+15 in bytes 0-15 and K 64+16g..64+16g+15 in "
          "bytes 16-31 (two 16-value runs, not 32 contiguous values).",
@@ -57,25 +67,45 @@ FACTS = (
          "high", disagree=("iree-org/iree: models 32 contiguous values for every f8f6f4 type (only its fp4 path is "
                            "tested)",),
          bet_by="the mxfp4 variants: Q (fp8) is packed in this order against contiguous fp4 K; the fp8 variants "
-                "put fp8 on both sides in the same order, so they are correct under either layout"),
+                "put fp8 on both sides in the same order, so they are correct under either layout",
+         disables=MXFP4_VARIANTS),
     Fact("mfma_scale_16x16x128.fp4_k",
          "fp4 operand (format 4): a lane of group g holds K 32g..32g+31 contiguously in bytes 0-15 (bytes 16-31 "
-         "unused), the even K in the low nibble of each byte.",
+         "unused), two values a byte (which nibble holds which: mfma_scale_16x16x128.fp4_nibble).",
          ((0, 32, 32),),
          (f"{ISA}, section 7.1.5.1", "triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout "
           "(comment: 'with fp4 input, each lane takes 32 consecutive elements')",
-          "Modular MAX docs: mxfp4_matmul_amd (16 contiguous bytes per lane, lane_chunk = lane / 16)"), "high"),
+          "Modular MAX docs: mxfp4_matmul_amd (16 contiguous bytes per lane, lane_chunk = lane / 16)"), "high",
+         bet_by="the mxfp4 variants (the K side of Q.K)", disables=MXFP4_VARIANTS),
+    Fact("mfma_scale_16x16x128.fp4_nibble",
+         "fp4 operand, also in a mixed fp8 x fp4 MFMA: element 2i of a lane is the low nibble of byte i, element "
+         "2i + 1 the high nibble.", "low_even",
+         ("OCP Microscaling Formats (MX) v1.0 specification (packed fp4: the first element in the low bits)",
+          f"{TRITON_AMD}: the mxfp4 operands are packed low nibble first for the scaled MFMA"),
+         "medium", bet_by="the mxfp4 variants: the cache's even values sit in the low nibbles and meet Q's even "
+                          "fp8 slots; no source read here shows a mixed fp8 x fp4 MFMA with this order",
+         disables=MXFP4_VARIANTS),
     Fact("mfma_scale_16x16x128.scale_lane",
          "The e8m0 scale of row (A) / column (B) i and K block kb (32 values) of an fp4 operand is the byte picked "
          "by opsel from the scale register of lane 16 * kb + i: the lane that holds those 32 values.",
-         "16 * kblock + row",
+         (16, 1),   # (lanes per K block, lanes per row): lane = 16 * kb + 1 * i
          ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (lane bases {0,1}..{0,8} "
           "on the row, {1,0},{2,0} on the K block, for 16x16)", f"{ISA}, section 7.1.5.1",
           "Modular MAX docs: mxfp4_matmul_amd ('the 64 scale values (16 rows x 4 K-groups) come from 64 lanes')"),
-         "high", bet_by="the mxfp4 variants give the scale of (token n, K block g) to lane 16 g + n"),
+         "high", bet_by="the mxfp4 variants give the scale of (token n, K block g) to lane 16 g + n",
+         disables=MXFP4_VARIANTS),
+    Fact("mfma_scale_16x16x128.opsel",
+         "The scale operand's op_sel n (0-3) picks byte n of the lane's 32-bit scale register as its e8m0 scale.",
+         (0, 1, 2, 3),   # byte picked by op_sel 0, 1, 2, 3
+         (f"{ISA}, section 7.2.1 (scale op_sel)",
+          "llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_mfma_scale_f32_16x16x128_"
+          "f8f6f4 (op_sel as immediates)"), "medium",
+         bet_by="every variant passes op_sel 0 with the scale in byte 0 (the other bytes zero): a different byte "
+                "would scale every score by 2^-127",
+         disables=EVERY_VARIANT),
     Fact("mfma_scale_16x16x128.fp8_scale_lane",
          "For an fp8 operand, whose lanes hold values of two K blocks each, Triton uses the same lane map, but no "
-         "source read here exercises per-block fp8 scales.", "16 * kblock + row",
+         "source read here exercises per-block fp8 scales.", (16, 1),
          ("triton-lang/triton LinearLayoutConversions.cpp chooseScaledMfmaScaleLayout (one layout for every "
           "type; comment: 'for mxfp6/mxfp8 ... 2 scale elements are required')",), "medium",
          bet_by="none: the kernels give every fp8 operand the unit scale in every lane; the emulator returns NaN "
@@ -84,13 +114,15 @@ FACTS = (
          "16x16 MFMA result (f32x4): lane l register r holds row 4 * (l / 16) + r, column l % 16.", (4, 16),
          (f"{ISA}, section 7.1 (MFMA output layout)",
           "ROCm/amd_matrix_instruction_calculator (16x16 MFMA D layout)",
-          "ROCm/composable_kernel include/ck/utility/xdlops_gemm.hpp (16x16 output layout)"), "high"),
+          "ROCm/composable_kernel include/ck/utility/xdlops_gemm.hpp (16x16 output layout)"), "high",
+         disables=EVERY_VARIANT),
     Fact("mfma_16x16x32_bf16.ab_k",
          "v_mfma_f32_16x16x32_bf16: lane l holds row/column l % 16 and K 8g..8g+7 (g = l / 16), element e at "
          "K 8g + e.", ((0, 8, 8),),
          ("ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (16x16x32 bf16 example)",
           "triton-lang/triton AccelerateAMDMatmul.cpp (kWidth 8 for the gfx950 16x16x32 bf16 MFMA)"), "high",
-         bet_by="none: P and V use the same K order on both operands, so any K permutation cancels"),
+         bet_by="every variant on the row/column part; none on the K order: P and V use the same K order on both "
+                "operands, so any K permutation cancels", disables=EVERY_VARIANT),
     Fact("global_load_lds.placement",
          "Direct-to-LDS global loads: lane l's data lands at M0 base + offset + stride * l. 4-byte loads use a "
          "4-byte stride; 16-byte (dwordx4) loads a 16-byte stride; 12-byte (dwordx3) loads ALSO a 16-byte stride, "
@@ -99,66 +131,78 @@ FACTS = (
          (f"{ISA}, section 9.1.9", "triton-lang/triton third_party/amd/lib/TritonAMDGPUToLLVM/TargetInfo.cpp "
           "supportsDirectToLdsLoadBitWidth ('Disable 96 bits as it uses 128bit strides between threads')",
           "ROCm blog 'FP8 GEMM Optimization on AMD CDNA4 Architecture' (up to 128 bits per lane)"), "high",
-         bet_by="the mxfp4 variants' scale region (one dwordx3 wave load of 32 x 24 bytes into 64 16-byte slots)"),
+         bet_by="every variant (16-byte tile loads); the mxfp4 variants' scale region too (one dwordx3 wave load "
+                "of 32 x 24 bytes into 64 16-byte slots)", disables=EVERY_VARIANT),
+    Fact("global_load_lds.offset",
+         "The direct-to-LDS load's immediate offset is added to both addresses: the lane's global address and the "
+         "LDS destination (M0 base + offset + stride * lane).", {"global": True, "lds": True},
+         ("llvm/llvm-project llvm/docs/AMDGPUDMAOperations (llvm.amdgcn.global.load.lds: 'offset applied to both "
+          "global and LDS address')", f"{ISA}, section 9.1.9 (LDS_ADDR = M0 + inst_offset + TID * stride)"),
+         "medium", bet_by="none: the kernels pass offset 0 and fold every offset into the pointers"),
     Fact("lds.uninitialised", "LDS contents at workgroup start are undefined.", "poison",
          (f"{ISA}, LDS chapter (contents are not initialised at dispatch)",), "high"),
     Fact("s_waitcnt.vmcnt_encoding",
          "gfx9 s_waitcnt: vmcnt is bits 3:0 (low) and 15:14 (high), expcnt 6:4, lgkmcnt 11:8.",
          {"lo": (0, 4), "hi": (14, 2)},
          ("llvm/llvm-project llvm/lib/Target/AMDGPU/Utils/AMDGPUBaseInfo.cpp encodeVmcnt/getVmcntBitShiftHi",
-          f"{ISA}, S_WAITCNT"), "high"),
+          f"{ISA}, S_WAITCNT"), "high", bet_by="the tile pipeline's waits", disables=EVERY_VARIANT),
     Fact("s_waitcnt.lds_dma",
          "Direct-to-LDS loads count in vmcnt and retire in issue order; their LDS bytes are valid only after an "
          "s_waitcnt vmcnt that covers them. Until then the destination is undefined.", "in_order",
          (f"{ISA}, section 9.1.9", "llvm/llvm-project SIInsertWaitcnts.cpp (LDS DMA tracked as a VMEM access)"),
-         "high"),
+         "high", bet_by="the tile pipeline's waits", disables=EVERY_VARIANT),
     Fact("e4m3fn", "OCP e4m3fn: bias 7, no infinities, NaN = S.1111.111 (0x7F/0xFF), max 448, min subnormal 2^-9.",
          {"bias": 7, "max": 448.0, "nan": (0x7F, 0xFF)},
          ("OCP 8-bit Floating Point Specification (OFP8) rev 1.0", f"{ISA}, section 7.1 (FP8 formats: OCP on CDNA4)",
           "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture' (E4M3FN on CDNA4, FNUZ on "
-          "CDNA3)"), "high"),
+          "CDNA3)"), "high", disables=EVERY_VARIANT),
     Fact("e2m1", "OCP e2m1 (fp4): values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives; no NaN or infinity.",
          (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0),
-         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1 (FP4 format)"), "high"),
+         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1 (FP4 format)"), "high",
+         disables=MXFP4_VARIANTS),
     Fact("e8m0", "OCP e8m0 scale: 2^(e - 127), 0xFF = NaN, no sign and no zero.", {"bias": 127, "nan": 0xFF},
-         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1.5.1"), "high"),
+         ("OCP Microscaling Formats (MX) v1.0 specification", f"{ISA}, section 7.1.5.1"), "high",
+         disables=EVERY_VARIANT),
     Fact("cvt_pk_fp8_f32",
          "v_cvt_pk_fp8_f32: two f32 -> two e4m3fn, round to nearest even; word_sel 0 writes bytes 0-1, 1 writes "
          "bytes 2-3 and keeps the others. Out of range (|x| > 448) without clamp: not pinned down by the sources.",
-         {"rounding": "nearest_even", "out_of_range": "poison"},
+         {"rounding": "nearest_even", "out_of_range": "poison", "select": "word"},
          ("llvm/llvm-project llvm/lib/Target/AMDGPU/VOP3Instructions.td V_CVT_PK_FP8_F32 (vdst_in tied, "
           "op_sel[3] word select)", f"{ISA}, V_CVT_PK_FP8_F32"), "high",
-         bet_by="none: Q is scaled into [128, 256) first, so nothing is out of range"),
+         bet_by="every variant packs Q with it (in range: Q is scaled into [128, 256) first)",
+         disables=EVERY_VARIANT),
     Fact("cvt_scalef32_pk_bf16_fp8",
          "v_cvt_scalef32_pk_bf16_fp8: bytes 2w, 2w+1 (w = word_sel) -> two bf16 (the lower byte first), each "
-         "times the f32 scale.", {"select": "word"},
+         "times the f32 scale.", {"select": "word", "first": "low"},
          ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8",
           CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
-         "high"),
+         "high", bet_by="the fp8 variants' V conversion", disables=FP8_VARIANTS),
     Fact("cvt_scalef32_pk_bf16_fp4",
          "v_cvt_scalef32_pk_bf16_fp4: byte b (b = byte_sel) -> two bf16, the low nibble first, each times the f32 "
          "scale. A scale whose exponent field is 0 (zero or subnormal, e.g. e8m0 byte 0 = 2^-127) is not pinned "
-         "down by the sources.", {"select": "byte", "subnormal_scale": "poison"},
+         "down by the sources.", {"select": "byte", "first": "low", "subnormal_scale": "poison"},
          ("llvm/llvm-project clang/include/clang/Basic/BuiltinsAMDGPU.def __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4",
           CVT_SCALEF32_TEST, f"{ISA}, VOP3 conversion instructions"),
-         "high", bet_by="none: the self-check's and the problem's scales are normal (e8m0 byte 0 never occurs)"),
+         "high", bet_by="the mxfp4 variants' V conversion (the subnormal scale: none, the self-check's and the "
+                       "problem's scales are normal)", disables=MXFP4_VARIANTS),
     Fact("cvt_pk_bf16_f32", "gfx950 converts f32 -> bf16 in hardware (v_cvt_pk_bf16_f32), round to nearest even.",
          "nearest_even",
          ("llvm/llvm-project llvm/lib/Target/AMDGPU/AMDGPU.td (gfx950: FeatureBF16ConversionInsts, V_CVT_PK_BF16_F32)",
-          f"{ISA}, VOP3 conversion instructions"), "high"),
+          f"{ISA}, VOP3 conversion instructions"), "high", bet_by="P and the outputs", disables=EVERY_VARIANT),
     Fact("v_exp_f32", "v_exp_f32 is 2^x to about 1 ulp; 2^-inf = 0.", {"ulp": 1},
          (f"{ISA}, V_EXP_F32", "llvm/llvm-project AMDGPU: __builtin_amdgcn_exp2f lowers to v_exp_f32"),
-         "high"),
+         "high", bet_by="the softmax", disables=EVERY_VARIANT),
     Fact("v_log_f32", "v_log_f32 is log2(x) to about 1 ulp; log2(0) = -inf.", {"ulp": 1},
          (f"{ISA}, V_LOG_F32", "llvm/llvm-project AMDGPU: __builtin_amdgcn_logf lowers to v_log_f32"),
-         "high"),
+         "high", bet_by="the split LSE", disables=EVERY_VARIANT),
     Fact("v_frexp_exp_i32_f32", "v_frexp_exp_i32_f32: e with x = m * 2^e, |m| in [0.5, 1); 0 for 0, inf, NaN.",
-         "frexp", (f"{ISA}, V_FREXP_EXP_I32_F32",), "high"),
+         "frexp", (f"{ISA}, V_FREXP_EXP_I32_F32",), "high", bet_by="the Q scaling", disables=EVERY_VARIANT),
     Fact("v_ldexp_f32", "v_ldexp_f32: x * 2^e with IEEE overflow to infinity (so 2^128 is inf).", "ieee",
          (f"{ISA}, V_LDEXP_F32",), "high",
-         bet_by="the Q scaling caps its exponent so 2^s and 2^-s stay finite and normal"),
+         bet_by="the Q scaling caps its exponent so 2^s and 2^-s stay finite and normal", disables=EVERY_VARIANT),
     Fact("ds_bpermute_b32", "ds_bpermute_b32: lane l reads the value of lane (address / 4) % 64.", 4,
-         (f"{ISA}, DS_BPERMUTE_B32", "ROCm/composable_kernel warp shuffle helpers"), "high"),
+         (f"{ISA}, DS_BPERMUTE_B32", "ROCm/composable_kernel warp shuffle helpers"), "high",
+         bet_by="the cross-lane max and sum", disables=EVERY_VARIANT),
     Fact("global_atomic.rmw",
          "global_atomic_or_b32 / global_atomic_smin_i32 (what HIP's atomicOr / atomicMin on an int lower to: "
          "__hip_atomic_fetch_or / _min, relaxed, agent scope) are indivisible read-modify-writes of a naturally "
@@ -171,7 +215,7 @@ FACTS = (
           "ROCm/clr hipamd/include/hip/amd_detail/amd_hip_atomic.h atomicOr / atomicMin (int): "
           "__hip_atomic_fetch_or / __hip_atomic_fetch_min, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT"), "high",
          bet_by="the indptr error flag: thread 0 of one workgroup per segment ORs the violation bits into flag[0] "
-                "and takes the min of the segment into flag[1]"),
+                "and takes the min of the segment into flag[1]", disables=EVERY_VARIANT),
     Fact("mfma.accumulation",
          "MFMA products of fp8/fp4/bf16 inputs are exact in f32; the order of the internal sums is not specified.",
          "unordered",
@@ -184,6 +228,7 @@ BY_KEY = {f.key: f for f in FACTS}
 # same numbers): clang/lib/Frontend/InitPreprocessor.cpp.
 HIP_MEMORY_SCOPES = {"singlethread": 1, "wavefront": 2, "workgroup": 3, "agent": 4, "system": 5, "cluster": 6}
 CONFIDENCE = ("high", "medium")
+SELECT_BYTES = {"byte": 1, "word": 2}   # bytes a conversion's select operand steps by (the cvt facts' "select")
 
 
 def value(key: str, overrides=None):
@@ -216,7 +261,11 @@ def header(overrides=None) -> str:
     vm = value("s_waitcnt.vmcnt_encoding", overrides)
     e4m3, e8m0 = value("e4m3fn", overrides), value("e8m0", overrides)
     atomic = value("global_atomic.rmw", overrides)
-    scale_rows = [[16 * kb + i for i in range(16)] for kb in range(4)]
+    per_block, per_row = value("mfma_scale_16x16x128.scale_lane", overrides)
+    scale_rows = [[per_block * kb + per_row * i for i in range(16)] for kb in range(4)]
+    offset = value("global_load_lds.offset", overrides)
+    cvt_fp8, cvt_bf16_fp8, cvt_bf16_fp4 = (value(k, overrides) for k in ("cvt_pk_fp8_f32", "cvt_scalef32_pk_bf16_fp8",
+                                                                         "cvt_scalef32_pk_bf16_fp4"))
     lds_rows = [[size, stride, written] for size, (stride, written) in sorted(placement.items())]
     lines = [
         "// Generated by emulator/gfx950/facts.py from the cited fact base; do not edit.",
@@ -228,11 +277,25 @@ def header(overrides=None) -> str:
         _table("F8_K", fp8), _table("F4_K", fp4),
         "// [K block][row] -> lane holding that block's e8m0 scale",
         _table("SCALE_LANE", scale_rows),
+        "// the byte of the scale register each op_sel picks; fp4 element 2i in the low (true) or high nibble",
+        "constexpr int OPSEL_BYTE[4] = {" + ", ".join(str(b) for b in value("mfma_scale_16x16x128.opsel",
+                                                                            overrides)) + "};",
+        "constexpr bool F4_LOW_NIBBLE_EVEN = "
+        f"{str(value('mfma_scale_16x16x128.fp4_nibble', overrides) == 'low_even').lower()};",
         "// [lane group][element] -> K of the 16x16x32 bf16 MFMA",
         _table("BF16_K", bf16),
         f"constexpr int D_ROWS_PER_GROUP = {value('mfma_16x16.d_layout', overrides)[0]};",
         "// direct-to-LDS loads: {bytes per lane, LDS stride between lanes, bytes written per lane}",
         _table("LDS_DMA", lds_rows),
+        "// where a direct-to-LDS load's immediate offset applies",
+        f"constexpr bool LDS_DMA_OFFSET_GLOBAL = {str(offset['global']).lower()}, "
+        f"LDS_DMA_OFFSET_LDS = {str(offset['lds']).lower()};",
+        "// conversions: bytes selected per unit of the select operand; which half comes first",
+        f"constexpr int CVT_PK_FP8_SELECT_BYTES = {SELECT_BYTES[cvt_fp8['select']]};",
+        f"constexpr int CVT_BF16_FP8_SELECT_BYTES = {SELECT_BYTES[cvt_bf16_fp8['select']]};",
+        f"constexpr bool CVT_BF16_FP8_LOW_FIRST = {str(cvt_bf16_fp8['first'] == 'low').lower()};",
+        f"constexpr int CVT_BF16_FP4_SELECT_BYTES = {SELECT_BYTES[cvt_bf16_fp4['select']]};",
+        f"constexpr bool CVT_BF16_FP4_LOW_FIRST = {str(cvt_bf16_fp4['first'] == 'low').lower()};",
         f"constexpr int VMCNT_LO_SHIFT = {vm['lo'][0]}, VMCNT_LO_BITS = {vm['lo'][1]};",
         f"constexpr int VMCNT_HI_SHIFT = {vm['hi'][0]}, VMCNT_HI_BITS = {vm['hi'][1]};",
         f"constexpr int E4M3_BIAS = {e4m3['bias']};",

@@ -40,7 +40,7 @@ def build(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
     (out_dir / "isa_facts.h").write_text(facts.header(overrides))
     lib = out_dir / "emulation.so"
     result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
-                    "-DMLA_CPU_EMULATION", "-x", "c++", "-I", str(Path(kernel_dir) / "decode"), "-I", str(HERE),
+                    "-x", "c++", "-I", str(HERE), "-I", str(Path(kernel_dir) / "decode"),
                     "-I", str(out_dir), str(HERE / "driver.cpp"), "-o", str(lib)], capture_output=True, text=True)
     if result.returncode:
         raise RuntimeError(f"the emulator did not build:\n{result.stderr[-4000:]}")
@@ -131,3 +131,22 @@ def indptr_guard(lib, qo, kv, total_q, num_kv_rows, error_flag):
     error = _error_buffer()
     rc = lib.emu_indptr_guard(ctypes.byref(p), error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), qo_out, kv_out
+
+
+PROBE_SOURCES = HERE.parents[1] / "tools" / "gfx950_probes"
+KERNEL_SOURCES = HERE.parents[1] / "mixed_mla" / "kernels" / "gfx950" / "decode"
+
+
+def build_probes(out_dir: Path, overrides=None) -> ctypes.CDLL:
+    """The hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes, built from the fact base's values (or
+    `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "isa_facts.h").write_text(facts.header(overrides))
+    lib = out_dir / "probes.so"
+    result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
+                             "-x", "c++", "-I", str(HERE), "-I", str(KERNEL_SOURCES), "-I", str(PROBE_SOURCES),
+                             "-I", str(out_dir), str(HERE / "probe_driver.cpp"), "-o", str(lib)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the probe emulator did not build:\n{result.stderr[-4000:]}")
+    return ctypes.CDLL(str(lib))

@@ -23,6 +23,7 @@ The build happens in `available` (the first plan on a device), outside any timed
 compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.selfcheck on the first use of each
 (variant, format) and routes a failing one elsewhere.
 """
+import fnmatch
 import functools
 import os
 
@@ -36,6 +37,9 @@ from .cuda_sm90 import make_workspace  # the same split workspace: partials, LSE
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
 FORMATS_WITH_EVIDENCE = ("fp8",)                # the seed's measured fp8 design; mxfp4 never ran on an MI355X
+# "format:variant" patterns (fnmatch, comma-separated) of variants turned off: the hardware probes
+# (tools/gfx950_probes.py, the bring-up's first step) write those whose design bets on a contradicted fact.
+DISABLE_ENV = "MLA_GFX950_DISABLE"
 OCCUPANCY = {"occ2": 2, "occ3": 3, "occ4": 4}   # Plan.variant -> workgroups per CU (config.h)
 DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
@@ -53,9 +57,17 @@ GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gf
 from . import BackendSpec, build_failure  # noqa: E402
 from ..constants import SUPPORTED_NUM_HEADS  # noqa: E402
 
+def disabled(kv_format: str, variant: str) -> bool:
+    """Whether DISABLE_ENV turns off this (format, variant) ("*" for any variant)."""
+    patterns = [p.strip() for p in os.environ.get(DISABLE_ENV, "").split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(f"{kv_format}:{variant}", p) for p in patterns)
+
+
 def served_formats():
-    """The formats this backend serves now: FORMATS with the opt-in, else FORMATS_WITH_EVIDENCE."""
-    return FORMATS if os.environ.get(MXFP4_OPT_IN) == "1" else FORMATS_WITH_EVIDENCE
+    """The formats this backend serves now: FORMATS with the opt-in, else FORMATS_WITH_EVIDENCE; less any format
+    whose every variant DISABLE_ENV turns off."""
+    formats = FORMATS if os.environ.get(MXFP4_OPT_IN) == "1" else FORMATS_WITH_EVIDENCE
+    return tuple(f for f in formats if not disabled(f, "*"))
 
 
 SPEC = BackendSpec(
@@ -91,6 +103,9 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     variant = plan.variant or DEFAULT_VARIANT
     if variant not in OCCUPANCY:
         raise ValueError(f"hip_gfx950 variant must be one of {', '.join(OCCUPANCY)}, got {variant!r}")
+    if disabled(kv_format, variant):
+        raise ValueError(f"hip_gfx950 {kv_format}:{variant} is turned off by {DISABLE_ENV} (a hardware probe "
+                         f"contradicted a fact its design bets on)")
     if workspace is None:
         workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
     elif q.shape[0] > workspace.max_total_q:

@@ -1,6 +1,5 @@
-// Tile and layout constants of the gfx950 MLA decode kernels, named once. emulator/gfx950/hip_twin.py mirrors the
-// ones that shape the arithmetic (tile, Q scaling, split rule); tests/test_hip_twin.py checks they agree. The
-// hardware facts they rely on are cited in docs/gfx950.md (keys in brackets below).
+// Tile and layout constants of the gfx950 MLA decode kernels, named once. The hardware facts they rely on are
+// cited in docs/gfx950.md (keys in brackets below).
 #pragma once
 
 namespace mla_gfx950 {

@@ -4,12 +4,9 @@
 // - Static check (tools/gfx950_report.py, clang -nogpuinc, no ROCm anywhere): the names are defined here on
 //   clang's own attributes and amdgcn builtins, so every kernel compiles device-only on a machine without ROCm.
 // Either way only builtins and attributes reach the kernels: nothing here changes generated code.
-// A third mode, MLA_CPU_EMULATION, is test equipment: emulator/gfx950/ runs the same text on CPU lanes.
 #pragma once
 
-#if defined(MLA_CPU_EMULATION)
-#include "emulation.h"
-#elif __has_include(<hip/hip_runtime.h>)
+#if __has_include(<hip/hip_runtime.h>)
 #include <hip/hip_runtime.h>
 #else
 #define __global__ __attribute__((global))
@@ -21,13 +18,9 @@
 #include <stdint.h>
 
 // Resource attributes of a kernel: its exact workgroup size and the waves per SIMD (EU) it must leave room for;
-// the compiler caps registers per lane at 512 / waves_per_eu. Meaningless (and absent) on the CPU emulation.
-#if defined(MLA_CPU_EMULATION)
-#define MLA_KERNEL_RESOURCES(threads, waves_per_eu)
-#else
+// the compiler caps registers per lane at 512 / waves_per_eu.
 #define MLA_KERNEL_RESOURCES(threads, waves_per_eu) \
   __attribute__((amdgpu_flat_work_group_size(threads, threads), amdgpu_waves_per_eu(waves_per_eu)))
-#endif
 
 namespace mla_gfx950 {
 

@@ -1,0 +1,30 @@
+// Runs the hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes: one workgroup of one wave, built from
+// the fact base like the decode emulator (lanes.build_probes), so a wrong fact shows as a contradicted probe.
+#include <cstring>
+
+#include "probes.hip"
+#include "runner.h"
+
+// Runs probe `name` on one wave; in and out are PROBE_IN_WORDS / PROBE_OUT_WORDS int32. Direct-to-LDS loads may
+// read `in`, atomics may update out[0..1]. Returns 0, or 1 with the error text (unknown probe, emulator error).
+extern "C" int emu_probe(const char* name, const int32_t* in, int32_t* out, char* error, int error_len) {
+  using namespace mla_probe;
+  typedef void (*Probe)(const int32_t*, int32_t*);
+  Probe probe = nullptr;
+#define MLA_PROBE_ENTRY(n) if (!std::strcmp(name, #n)) probe = probe_##n;
+  MLA_PROBES(MLA_PROBE_ENTRY)
+#undef MLA_PROBE_ENTRY
+  if (!probe) {
+    snprintf(error, error_len, "no probe named %s", name);
+    return 1;
+  }
+  GroupScope scope(error, error_len);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(in);
+  scope.g->range_lo[0] = scope.g->range_lo[1] = bytes;
+  scope.g->range_hi[0] = scope.g->range_hi[1] = bytes + 4 * PROBE_IN_WORDS;
+  scope.g->atomic_lo = out;
+  scope.g->atomic_hi = out + 2;
+  scope.g->block[0] = scope.g->block[1] = scope.g->block[2] = 0;
+  Fibers fibers(PROBE_THREADS);
+  return run_group(fibers, PROBE_THREADS, [=] { probe(in, out); }) ? 0 : 1;
+}

@@ -1,0 +1,214 @@
+// Hardware probes for the gfx950 fact base (emulator/gfx950/facts.py): one wave of 64 lanes runs one builtin the
+// decode kernels rely on, on inputs tools/gfx950_probes.py prepares, and writes what it saw. The Python side holds
+// the expected values (from the fact records) and the verdicts; these kernels only move registers, so the same
+// text runs on an MI355X (launch_rocm.hip) and under the CPU emulator (emulator/gfx950/probe_driver.cpp).
+// Every probe takes (in, out): int32 buffers of PROBE_IN_WORDS and PROBE_OUT_WORDS words. The helpers come from
+// the kernels' own prelude, so a probe exercises the same spelling of each builtin as the kernels.
+#pragma once
+#include "prelude.h"
+
+namespace mla_probe {
+using namespace mla_gfx950;
+
+constexpr int PROBE_THREADS = 64;
+constexpr int PROBE_IN_WORDS = 16384;
+constexpr int PROBE_OUT_WORDS = 8192;
+// One scaled-MFMA call's inputs: A [64][8], B [64][8], scale A [64], scale B [64]; its output D [64][4].
+constexpr int MFMA_CALL_WORDS = 64 * 8 * 2 + 64 * 2;
+constexpr int MFMA_OUT_WORDS = 64 * 4;
+constexpr int FP8 = 0, FP4 = 4;
+constexpr unsigned SENTINEL = 0xA5A5A5A5u;   // LDS filler that no probe input byte equals
+constexpr int LDS_PROBE_BYTES = 2048;
+constexpr int WAIT_LOADS = 20;               // direct-to-LDS loads in flight in the s_waitcnt probe
+constexpr int WAIT_LEFT = 16;                // vmcnt it waits for: needs the counter's high bits
+constexpr int WAIT_STRIDE = 256;             // bytes of LDS (and of source) per load: 64 lanes x 4 bytes
+
+__device__ inline void store_d(int32_t* out, v4f d) {
+  const int l = lane_id();
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const float value = d[r];   // clang 22 bit-casts a subscripted vector element as element 0: copy it first
+    out[4 * l + r] = __builtin_bit_cast(int32_t, value);
+  }
+}
+
+// Call m of a run of scaled MFMAs: the registers come from in[1 + m * MFMA_CALL_WORDS ...]; op_sel of A is a
+// template argument (an immediate), B's is 0.
+template <int FA, int FB, int OPSEL_A>
+__device__ inline void mfma_scale_call(const int32_t* in, int32_t* out, int m) {
+  const int l = lane_id();
+  const int32_t* call = in + 1 + m * MFMA_CALL_WORDS;
+  v8i a, b;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    a[k] = call[8 * l + k];
+    b[k] = call[512 + 8 * l + k];
+  }
+  const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+  store_d(out + m * MFMA_OUT_WORDS, __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(
+                                        a, b, zero, FA, FB, OPSEL_A, call[1024 + l], 0, call[1088 + l]));
+}
+
+template <int FA, int FB>
+__device__ inline void mfma_scale_calls(const int32_t* in, int32_t* out) {
+  for (int m = 0; m < in[0]; ++m) mfma_scale_call<FA, FB, 0>(in, out, m);
+}
+
+// Lane ids: wave_size.
+__global__ void probe_lane_id(const int32_t*, int32_t* out) { out[thread_id()] = lane_id(); }
+
+// Scaled MFMAs in the format pairs the kernels use, op_sel 0 (the row/column map and the result layout; the fp4 x
+// fp8 operand pairing; the fp4 scale lanes).
+__global__ void probe_mfma_fp8_fp8(const int32_t* in, int32_t* out) { mfma_scale_calls<FP8, FP8>(in, out); }
+__global__ void probe_mfma_fp4_fp8(const int32_t* in, int32_t* out) { mfma_scale_calls<FP4, FP8>(in, out); }
+__global__ void probe_mfma_fp4_fp4(const int32_t* in, int32_t* out) { mfma_scale_calls<FP4, FP4>(in, out); }
+
+// Calls 0-3 with A's op_sel 0-3: which scale byte each picks.
+__global__ void probe_mfma_opsel(const int32_t* in, int32_t* out) {
+  mfma_scale_call<FP4, FP4, 0>(in, out, 0);
+  mfma_scale_call<FP4, FP4, 1>(in, out, 1);
+  mfma_scale_call<FP4, FP4, 2>(in, out, 2);
+  mfma_scale_call<FP4, FP4, 3>(in, out, 3);
+}
+
+// The bf16 MFMA of P.V: A in[0..255] (4 words a lane), B in[256..511]; D to out.
+__global__ void probe_mfma_bf16(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  v4u a, b;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    a[k] = (unsigned)in[4 * l + k];
+    b[k] = (unsigned)in[256 + 4 * l + k];
+  }
+  const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+  store_d(out, __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(v8bf, a), __builtin_bit_cast(v8bf, b),
+                                                         zero, 0, 0, 0));
+}
+
+// Fills the probe's LDS with SENTINEL; every lane's stores are complete before the function returns.
+__device__ inline void fill_lds(uint8_t* lds) {
+  for (int w = lane_id(); w < LDS_PROBE_BYTES / 4; w += PROBE_THREADS) reinterpret_cast<unsigned*>(lds)[w] = SENTINEL;
+  __builtin_amdgcn_s_waitcnt(0);   // every counter at zero: the LDS stores have landed
+  barrier();
+}
+
+// One direct-to-LDS wave load of SIZE bytes a lane from in + SIZE * lane with immediate offset OFFSET, retired,
+// then the whole LDS buffer copied to out.
+template <int SIZE, int OFFSET>
+__device__ inline void load_and_dump(const int32_t* in, uint8_t* lds, int32_t* out) {
+  fill_lds(lds);
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(in) + SIZE * lane_id();
+  __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, SIZE, OFFSET, 0);
+  MLA_WAIT_VMCNT(0);
+  barrier();
+  for (int w = lane_id(); w < LDS_PROBE_BYTES / 4; w += PROBE_THREADS) out[w] = reinterpret_cast<int32_t*>(lds)[w];
+  barrier();
+}
+
+// Placement of 4-, 12- and 16-byte loads (offset 0), then a 4-byte load with offset 64: four LDS images.
+__global__ void probe_load_lds(const int32_t* in, int32_t* out) {
+  __shared__ __attribute__((aligned(16))) uint8_t lds[LDS_PROBE_BYTES];
+  constexpr int image = LDS_PROBE_BYTES / 4;
+  load_and_dump<4, 0>(in, lds, out);
+  load_and_dump<12, 0>(in, lds, out + image);
+  load_and_dump<16, 0>(in, lds, out + 2 * image);
+  load_and_dump<4, 64>(in, lds, out + 3 * image);
+}
+
+// WAIT_LOADS 4-byte loads, then s_waitcnt vmcnt(WAIT_LEFT) as the kernels spell it: lane l writes what it reads
+// of every load's dword right after the wait (out[i * 64 + l]), and again after vmcnt(0) (the second half).
+__global__ void probe_waitcnt(const int32_t* in, int32_t* out) {
+  __shared__ __attribute__((aligned(16))) uint8_t lds[WAIT_LOADS * WAIT_STRIDE];
+  const int l = lane_id();
+  for (int w = l; w < WAIT_LOADS * WAIT_STRIDE / 4; w += PROBE_THREADS) reinterpret_cast<unsigned*>(lds)[w] = SENTINEL;
+  __builtin_amdgcn_s_waitcnt(0);
+  barrier();
+  const uint8_t* src = reinterpret_cast<const uint8_t*>(in);
+#pragma unroll
+  for (int i = 0; i < WAIT_LOADS; ++i)
+    __builtin_amdgcn_global_load_lds((global_void*)(src + i * WAIT_STRIDE + 4 * l), (lds_void*)(lds + i * WAIT_STRIDE),
+                                     4, 0, 0);
+  MLA_WAIT_VMCNT(WAIT_LEFT);
+  const unsigned* words = reinterpret_cast<const unsigned*>(lds);
+#pragma unroll
+  for (int i = 0; i < WAIT_LOADS; ++i) out[i * PROBE_THREADS + l] = (int32_t)words[i * WAIT_STRIDE / 4 + l];
+  MLA_WAIT_VMCNT(0);
+#pragma unroll
+  for (int i = 0; i < WAIT_LOADS; ++i)
+    out[(WAIT_LOADS + i) * PROBE_THREADS + l] = (int32_t)words[i * WAIT_STRIDE / 4 + l];
+}
+
+// f32 -> fp8 pairs: in floats [4 l .. 4 l + 3], old word in[256 + l]; out[3 l ..]: word_sel 0 into old, word_sel 1
+// into that result, word_sel 1 into old.
+__global__ void probe_cvt_pk_fp8(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  const float* x = reinterpret_cast<const float*>(in) + 4 * l;
+  const int old = in[256 + l];
+  const int low = __builtin_amdgcn_cvt_pk_fp8_f32(x[0], x[1], old, false);
+  out[3 * l] = low;
+  out[3 * l + 1] = __builtin_amdgcn_cvt_pk_fp8_f32(x[2], x[3], low, true);
+  out[3 * l + 2] = __builtin_amdgcn_cvt_pk_fp8_f32(x[0], x[1], old, true);
+}
+
+// Scaled fp8 -> bf16: word in[l], scale in[64] (a float); out[4 l ..]: word_sel 0 and 1 at scale 1, then at the scale.
+__global__ void probe_cvt_bf16_fp8(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  const float scale = __builtin_bit_cast(float, in[64]);
+  out[4 * l] = __builtin_bit_cast(int32_t, __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(in[l], 1.0f, false));
+  out[4 * l + 1] = __builtin_bit_cast(int32_t, __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(in[l], 1.0f, true));
+  out[4 * l + 2] = __builtin_bit_cast(int32_t, __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(in[l], scale, false));
+  out[4 * l + 3] = __builtin_bit_cast(int32_t, __builtin_amdgcn_cvt_scalef32_pk_bf16_fp8(in[l], scale, true));
+}
+
+template <int BYTE>
+__device__ inline int32_t cvt_fp4(int32_t src, float scale) {
+  return __builtin_bit_cast(int32_t, __builtin_amdgcn_cvt_scalef32_pk_bf16_fp4(src, scale, BYTE));
+}
+
+// Scaled fp4 -> bf16: word in[l], scale in[64]; out[4 l + b]: byte_sel b = 0..3 at the scale.
+__global__ void probe_cvt_bf16_fp4(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  const float scale = __builtin_bit_cast(float, in[64]);
+  out[4 * l] = cvt_fp4<0>(in[l], scale);
+  out[4 * l + 1] = cvt_fp4<1>(in[l], scale);
+  out[4 * l + 2] = cvt_fp4<2>(in[l], scale);
+  out[4 * l + 3] = cvt_fp4<3>(in[l], scale);
+}
+
+// f32 -> bf16 as the kernels write their outputs ((__bf16) casts): floats in[2 l], in[2 l + 1] -> out[l].
+__global__ void probe_cvt_bf16_f32(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  const float* x = reinterpret_cast<const float*>(in) + 2 * l;
+  out[l] = __builtin_bit_cast(int32_t, v2bf{(__bf16)x[0], (__bf16)x[1]});
+}
+
+// exp2, log2, frexp exponent and ldexp of lane l's inputs (floats in[4 l ..], ldexp's exponent in[256 + l]).
+__global__ void probe_transcendentals(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  const float* x = reinterpret_cast<const float*>(in) + 4 * l;
+  out[4 * l] = __builtin_bit_cast(int32_t, __builtin_amdgcn_exp2f(x[0]));
+  out[4 * l + 1] = __builtin_bit_cast(int32_t, __builtin_amdgcn_logf(x[1]));
+  out[4 * l + 2] = __builtin_amdgcn_frexp_expf(x[2]);
+  out[4 * l + 3] = __builtin_bit_cast(int32_t, __builtin_amdgcn_ldexpf(x[3], in[256 + l]));
+}
+
+// ds_bpermute: lane l reads data in[64 + l] of the lane addressed by in[l] (bytes).
+__global__ void probe_bpermute(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  out[l] = __builtin_amdgcn_ds_bpermute(in[l], in[64 + l]);
+}
+
+// The error flag's atomics as the kernels spell them: every lane ORs in[l] into out[0] and takes the min with
+// in[64 + l] at out[1] (out[0..1] start as the host wrote them).
+__global__ void probe_atomics(const int32_t* in, int32_t* out) {
+  const int l = lane_id();
+  atomic_or(out, in[l]);
+  atomic_min(out + 1, in[64 + l]);
+}
+
+}  // namespace mla_probe
+
+// Every probe kernel, for the launchers' name tables.
+#define MLA_PROBES(X)                                                                                              \
+  X(lane_id) X(mfma_fp8_fp8) X(mfma_fp4_fp8) X(mfma_fp4_fp4) X(mfma_opsel) X(mfma_bf16) X(load_lds) X(waitcnt) \
+  X(cvt_pk_fp8) X(cvt_bf16_fp8) X(cvt_bf16_fp4) X(cvt_bf16_f32) X(transcendentals) X(bpermute) X(atomics)
