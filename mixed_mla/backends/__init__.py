@@ -50,6 +50,7 @@ class BackendSpec:
                                            # made at plan time, owned and freed by the DecodePlan
     serves: Optional[Callable] = None      # kv_format -> bool: a run-time narrowing of `formats` (an opt-in, read
                                            # on every plan); None: every format it reads
+    lse: bool = False   # whether run(..., lse=) writes the log-sum-exp
 
     def __post_init__(self):
         if self.fastest_format not in self.formats or not self.variants:
