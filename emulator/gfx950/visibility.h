@@ -106,7 +106,8 @@ struct Visibility {
     for (SharedRegion& r : regions)
       for (size_t i = 0; i < r.bytes; ++i) {
         const bool own = r.base[i] != r.view[i];  // an unreleased store of this workgroup stays its own
-        r.view[i] = r.tag[i] >= 0 && visible(r.tag[i]) ? r.published[i] : r.at_launch[i];
+        const bool seen = r.tag[i] == RELEASED || (r.tag[i] >= 0 && visible(r.tag[i]));  // RELEASED: its own
+        r.view[i] = seen ? r.published[i] : r.at_launch[i];
         if (!own) r.base[i] = r.view[i];
       }
   }

@@ -24,9 +24,12 @@ __device__ inline void merge_head(const DecodeParams& p, int t, int head, int la
   float acc[MERGE_DIMS_PER_LANE] = {};
   float weight_sum = 0.0f;
   if (top > -__builtin_inff()) {
+    // No branch on w: an empty split's weight is 0 and its partial is written as zeros (every split writes one),
+    // so it adds exact zeros, and the loads of several splits can be in flight at once (a last arriver merges 16
+    // heads with 4 waves, so a serial chain of one load per split would be its latency).
+#pragma unroll 4
     for (int s = 0; s < p.num_splits; ++s) {
       const float w = __builtin_amdgcn_exp2f(split_lse[s] - top);  // 0 for an empty split
-      if (w == 0.0f) continue;                                      // uniform: lse is the same for every lane
       const v4u part = *reinterpret_cast<const v4u*>(p.partial_out + (row * p.num_splits + s) * V_DIM +
                                                      MERGE_DIMS_PER_LANE * lane);
 #pragma unroll
