@@ -24,14 +24,16 @@ __device__ inline void merge_head(const DecodeParams& p, int t, int head, int la
   float acc[MERGE_DIMS_PER_LANE] = {};
   float weight_sum = 0.0f;
   if (top > -__builtin_inff()) {
-    // No branch on w: an empty split's weight is 0 and its partial is written as zeros (every split writes one),
-    // so it adds exact zeros, and the loads of several splits can be in flight at once (a last arriver merges 16
-    // heads with 4 waves, so a serial chain of one load per split would be its latency).
+    // Every split's partial is loaded, with no branch on its weight, so the loads of several splits are in flight
+    // at once (a last arriver merges 16 heads with 4 waves: a serial chain of one load per split would be its
+    // latency). A zero weight selects a zero partial rather than multiplying: a split with lse -inf may hold a NaN
+    // partial (its rows held NaN: garbage indptr reaching poisoned rows), which must not reach the output.
 #pragma unroll 4
     for (int s = 0; s < p.num_splits; ++s) {
       const float w = __builtin_amdgcn_exp2f(split_lse[s] - top);  // 0 for an empty split
-      const v4u part = *reinterpret_cast<const v4u*>(p.partial_out + (row * p.num_splits + s) * V_DIM +
-                                                     MERGE_DIMS_PER_LANE * lane);
+      const v4u loaded = *reinterpret_cast<const v4u*>(p.partial_out + (row * p.num_splits + s) * V_DIM +
+                                                       MERGE_DIMS_PER_LANE * lane);
+      const v4u part = w == 0.0f ? v4u{0u, 0u, 0u, 0u} : loaded;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         acc[2 * k] += w * __builtin_bit_cast(float, part[k] << 16);
