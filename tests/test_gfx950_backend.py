@@ -48,7 +48,21 @@ def test_run_passes_the_plans_buffers_the_error_flag_and_the_format_code(recorde
     first, second = recorder.calls
     assert first[6] is workspace.partial_out and first[7] is workspace.partial_lse and second[6] is first[6]
     assert first[8] is validate.device_error_flag(torch.device("cpu"))
-    assert first[9:12] == (3, 4, KV_FORMAT_CODES[kv_format])
+    assert first[9].numel() == 0 and first[10] is None      # no counters (two-kernel variant), no lse asked for
+    assert first[11:15] == (3, 4, False, KV_FORMAT_CODES[kv_format])
+
+
+def test_a_fused_plan_passes_its_zeroed_counters_and_the_lse(recorder, make_case):
+    case = make_case([1, 2], [40, 70])
+    plan = Plan("hip_gfx950", "fp8", 3, "fused_occ2")
+    workspace = hip_gfx950.make_workspace(plan, 8, 16, "cpu")
+    out = torch.empty(3, 16, 512, dtype=torch.bfloat16)
+    lse = torch.empty(3, 16)
+    hip_gfx950.run(case.q, case.cache("fp8"), "fp8", case.qo_indptr, case.kv_indptr, out, plan, 0.1, 1,
+                   workspace=workspace, lse=lse)
+    (call,) = recorder.calls
+    assert call[9] is workspace.arrivals and not workspace.arrivals.any() and call[10] is lse
+    assert call[11:15] == (3, 2, True, KV_FORMAT_CODES["fp8"])
 
 
 def test_run_without_a_workspace_allocates_for_that_call_only(recorder, make_case):

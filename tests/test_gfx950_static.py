@@ -5,7 +5,9 @@ The resource table is printed into the test log. The negative case compiles a ke
 that the report catches it.
 """
 import importlib.util
+import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ gfx950_report = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(gfx950_report)
 
 EXPECTED_KERNELS = {f"stage1_{fmt}_{variant}" for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY}
+EXPECTED_KERNELS |= {f"stage1_fused_{fmt}_{variant[len('fused_'):]}" for fmt in hip_gfx950.FUSED_FORMATS
+                     for variant in hip_gfx950.FUSED}
 EXPECTED_KERNELS |= {"merge_splits", "indptr_guard"}   # indptr_guard: the aiter route's clamp (aiter_mla.py)
 
 
@@ -55,6 +59,34 @@ def test_stage1_kernels_use_mfma_and_direct_to_lds_loads(report):
             # 5 Q.K steps x 2 token blocks (scaled f8f6f4) + 8 P.V column blocks (bf16)
             assert r.mfma == 18, (r.name, r.mfma)
             assert r.loads_to_lds >= 1 and r.workgroup_threads == 256 and r.target_wg_per_cu == int(r.name[-1])
+
+
+def test_fused_kernels_fence_as_the_fact_base_says(tmp_path, ziglang):
+    # [fence.agent]: the release fence is buffer_wbl2 sc1 + s_waitcnt vmcnt(0), after the partial stores and before
+    # the counter's atomic add; the acquire fence is buffer_inv sc1, after it (and before the merge's loads)
+    src = gfx950_report.materialize(gfx950_report.KERNEL_DIR)
+    kernels, error = gfx950_report.compile_file(src / "stage1_fused_fp8_occ3.hip", tmp_path)
+    assert not error and [k.name for k in kernels] == ["stage1_fused_fp8_occ3"]
+    asm = (tmp_path / "stage1_fused_fp8_occ3.s").read_text()
+    order = [asm.index(s) for s in ("buffer_wbl2 sc1", "global_atomic_add", "buffer_inv sc1")]
+    assert order == sorted(order), order
+    assert asm.count("buffer_wbl2") == 1 and asm.count("buffer_inv") == 1
+    assert re.search(r"buffer_wbl2 sc1\s+s_waitcnt vmcnt\(0\)", asm)
+    assert asm.rindex("global_store", 0, order[0]) < order[0]        # partial stores come before the release
+
+
+def test_fused_variants_are_opt_in_fp8_only_and_get_counters():
+    assert not set(hip_gfx950.FUSED) & set(hip_gfx950.declared_variants(False))
+    assert hip_gfx950.declared_variants(True)[0] == hip_gfx950.DEFAULT_VARIANT
+    assert set(hip_gfx950.FUSED) <= set(hip_gfx950.declared_variants(True))
+    assert all(hip_gfx950.SPEC.variant_formats[v] == ("fp8",) for v in hip_gfx950.FUSED)
+    assert hip_gfx950.SPEC.lse
+    fused, plain = (Plan(backend="hip_gfx950", kv_format="fp8", num_splits=4, variant=v) for v in ("fused_occ2", "occ2"))
+    assert hip_gfx950.make_workspace(fused, 5, 32, "cpu").arrivals.tolist() == [0] * 10   # rows x head groups
+    assert hip_gfx950.make_workspace(plain, 5, 32, "cpu").arrivals.numel() == 0
+    assert hip_gfx950.make_workspace(replace(fused, num_splits=1), 5, 32, "cpu").arrivals.numel() == 0
+    with pytest.raises(ValueError, match="fused_occ2.*fp8"):
+        hip_gfx950.run(None, (None, None), "mxfp4", None, None, None, fused, 1.0, 1)
 
 
 def test_the_backend_builds_every_file_the_check_compiles():

@@ -6,7 +6,11 @@
    fact base, direct-to-LDS loads poison until their s_waitcnt): it must meet the bound, match the twin, and never
    load outside the cache for garbage indptr. Negatives: an out-of-bounds load and a disabled load wait are caught;
    the wrong-hardware-fact negatives are tests/test_isa_mutations.py.
+3. The fused single-launch kernels on CPU lanes under the cross-workgroup visibility model, several calls in a row
+   on one set of counters; the natural-log LSE of every path against float64 logsumexp. Negatives: a counter left
+   non-zero, a missing release fence, and an LSE left in base 2 fail.
 """
+import math
 import re
 import shutil
 from dataclasses import dataclass
@@ -280,3 +284,114 @@ def test_tiny_and_zero_q_heads_stay_finite(lane_emulator, kv_format):
     assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
     assert exact.strict_error(twin, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fused single-launch kernels (stage1_fused_fp8_occN: the last workgroup of a (row, head group) merges) under
+# the emulator's cross-workgroup visibility model (emulator/gfx950/visibility.h: stores are seen by other workgroups
+# only through release fence -> counter RMW -> acquire fence), and the log-sum-exp every path writes.
+# ---------------------------------------------------------------------------------------------------------------
+# |lse - exact| in natural-log units. Measured 0.040 on the self-check layout (fp8 and mxfp4, 1 and 3 splits, fused):
+# the fp8 rounding of Q moves each score by a few hundredths and the lse is their softmax-weighted mean. A log2
+# result (the wrong base) is off by 2.9 there.
+LSE_BOUND = 0.1
+
+
+def _exact_lse(q, cache, kv_format, qo, kvp, sm_scale=DEFAULT_SM_SCALE):
+    """float64 (total_q, H): natural-log logsumexp of the scores over the keys each row attends (causal rule), -inf
+    where it attends nothing; on the dequantised cache, plainly."""
+    keys_all = formats.dequantize(cache, kv_format).to(torch.float64).reshape(-1, 576)
+    q64 = q.to(torch.float64)
+    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
+    qo_list, kv_list = qo.tolist(), kvp.tolist()
+    for b in range(len(qo_list) - 1):
+        rows, keys = q64[qo_list[b]:qo_list[b + 1]], keys_all[kv_list[b]:kv_list[b + 1]]
+        for i in range(rows.shape[0]):
+            visible = keys.shape[0] - rows.shape[0] + i + 1
+            if visible > 0:
+                lse[qo_list[b] + i] = torch.logsumexp(rows[i] @ keys[:visible].T * sm_scale, dim=-1)
+    return lse
+
+
+def _lse_error(lse, reference) -> float:
+    """Max |lse - reference| where the reference is finite; inf if the -inf rows differ or a value is NaN."""
+    lse = lse.to(torch.float64)
+    if torch.isnan(lse).any() or not torch.equal(torch.isinf(lse), torch.isinf(reference)):
+        return float("inf")
+    finite = torch.isfinite(reference)
+    return (lse[finite] - reference[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def _fused_run(lib, q, cache, qo, kvp, num_splits, occupancy, arrivals=None, lse=None):
+    return _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits, occupancy, lse=lse, arrivals=arrivals, fused=True)
+
+
+@pytest.mark.parametrize("occupancy", [2, 3, 4])
+def test_fused_kernel_meets_the_bound_matches_the_twin_and_writes_the_lse(lane_emulator, occupancy):
+    q, cache, qo, kvp = _poisoned_inputs("fp8")
+    arrivals = torch.zeros(q.shape[0] * q.shape[1] // 16, dtype=torch.int32)
+    lse = torch.full(q.shape[:2], float("nan"))
+    error, out = _fused_run(lane_emulator, q, cache, qo, kvp, 3, occupancy, arrivals, lse)
+    assert not error
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND["fp8"]
+    twin = hip_twin.twin_decode(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, 3)
+    assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
+    assert _lse_error(lse, _exact_lse(q, cache, "fp8", qo, kvp)) <= LSE_BOUND
+    assert not arrivals.any()                      # every counter is back to 0 for the next call
+
+
+@pytest.mark.parametrize(("kv_format", "num_splits"), [("fp8", 1), ("mxfp4", 3)])
+def test_two_kernel_path_writes_the_natural_log_lse(lane_emulator, kv_format, num_splits):
+    # one split: stage 1 writes it; several: the merge does. -inf where a row attends nothing (the layout has some).
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    lse = torch.full(q.shape[:2], float("nan"))
+    error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits, 3, lse=lse)
+    assert not error
+    reference = _exact_lse(q, cache, kv_format, qo, kvp)
+    assert torch.isinf(reference).any() and _lse_error(lse, reference) <= LSE_BOUND
+    # negative: the same numbers in base 2 (the kernels' internal unit, unconverted) fail the bound
+    assert _lse_error(lse / math.log(2), reference) > 10 * LSE_BOUND
+
+
+@settings(max_examples=3, deadline=None)
+@given(layout=small_layouts(), occupancy=st.sampled_from([2, 3, 4]))
+def test_fused_kernel_on_random_layouts_many_calls_in_a_row(lane_emulator, layout, occupancy):
+    # one workspace (counters) for three calls in a row, as a plan or a replayed graph reuses it: each call must
+    # find the counters at 0 and leave them at 0, whatever lengths and contents the calls bring
+    arrivals = torch.zeros(sum(layout.q_lens) * layout.num_heads // 16 or 1, dtype=torch.int32)
+    for call in range(3):
+        q, cache, qo, kvp = _inputs(Layout(layout.segments, layout.num_heads, max(layout.num_splits, 2),
+                                           seed=layout.seed + call), "fp8")
+        lse = torch.full(q.shape[:2], float("nan"))
+        error, out = _fused_run(lane_emulator, q, cache, qo, kvp, max(layout.num_splits, 2), occupancy, arrivals, lse)
+        assert not error and not arrivals.any()
+        assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND["fp8"]
+        assert _lse_error(lse, _exact_lse(q, cache, "fp8", qo, kvp)) <= LSE_BOUND
+
+
+def test_fused_kernel_fails_on_a_counter_left_non_zero(lane_emulator):
+    # what an earlier call that did not reset its counters would leave: with one arrival already counted, the
+    # second-to-last split believes it is last and merges before the last split's partials exist (NaN workspace)
+    q, cache, qo, kvp = _inputs(Layout(((1, 300), (2, 90)), num_splits=4, seed=5), "fp8")
+    arrivals = torch.ones(q.shape[0], dtype=torch.int32)
+    error, out = _fused_run(lane_emulator, q, cache, qo, kvp, 4, 3, arrivals)
+    assert not error
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND["fp8"]
+    assert arrivals.all()                          # and the counters stay wrong for the call after
+
+
+def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
+    # the fused kernels with the agent-scope release fence removed: the partials are stored but never released
+    # before the arrival, so the last arriver may not see them (visibility.h); the model must make that fail
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    fused_merge = src / "decode/fused_merge.h"
+    text = fused_merge.read_text()
+    release = '__builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");'
+    assert text.count(release) == 1
+    fused_merge.write_text(text.replace(release, ""))
+    lib = lanes.build(src, tmp_path)
+    q, cache, qo, kvp = _inputs(Layout(((1, 300), (2, 90)), num_splits=4, seed=5), "fp8")
+    error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
+    assert not error
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND["fp8"]

@@ -8,6 +8,9 @@
 #include "stage1_mxfp4_occ2.hip"
 #include "stage1_mxfp4_occ3.hip"
 #include "stage1_mxfp4_occ4.hip"
+#include "stage1_fused_fp8_occ2.hip"
+#include "stage1_fused_fp8_occ3.hip"
+#include "stage1_fused_fp8_occ4.hip"
 #include "merge.hip"
 #include "indptr_guard.hip"
 #include "runner.h"
@@ -16,15 +19,21 @@ namespace {
 
 typedef void (*Kernel)(mla_gfx950::DecodeParams);
 
+// Workgroups run one after another in grid order; with a Visibility model (a fused launch) each one sees the
+// shared regions only as visibility.h allows.
 bool run_grid(Fibers& f, Kernel kernel, const mla_gfx950::DecodeParams& p, int gx, int gy, int gz, int threads) {
+  mla_emu::Visibility* v = mla_emu::visibility;
   for (int z = 0; z < gz; ++z)
     for (int y = 0; y < gy; ++y)
       for (int x = 0; x < gx; ++x) {
         mla_emu::group->block[0] = x;
         mla_emu::group->block[1] = y;
         mla_emu::group->block[2] = z;
+        if (v) v->begin_workgroup(threads);
         if (!run_group(f, threads, [kernel, &p] { kernel(p); })) return false;
+        if (v) v->end_workgroup();
       }
+  if (v) v->end_launch();
   return true;
 }
 
@@ -52,6 +61,39 @@ extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, in
   bool ok = run_grid(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
                      THREADS);
   if (ok && p.num_splits > 1) ok = run_grid(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
+  return ok ? 0 : 1;
+}
+
+// The fused single-launch kernel (fp8): stage 1 whose last arriver per (row, head group) merges. The split partials
+// and their LSEs are the regions workgroups hand over, under visibility.h's model; the counters
+// (p.arrivals, total_q * num_heads / 16) are the only ones its counter atomics may address.
+extern "C" int emu_decode_fused(const mla_gfx950::DecodeParams* params, int occupancy, const void* kv, long kv_bytes,
+                                char* error, int error_len) {
+  using namespace mla_gfx950;
+  static const Kernel kernels[3] = {stage1_fused_fp8_occ2, stage1_fused_fp8_occ3, stage1_fused_fp8_occ4};
+  if (occupancy < 2 || occupancy > 4) {
+    snprintf(error, error_len, "no fused kernel for occupancy %d", occupancy);
+    return 1;
+  }
+  GroupScope scope(error, error_len);
+  const DecodeParams& p = *params;
+  scope.g->range_lo[0] = scope.g->range_lo[1] = static_cast<const uint8_t*>(kv);
+  scope.g->range_hi[0] = scope.g->range_hi[1] = scope.g->range_lo[0] + kv_bytes;
+  scope.g->atomic_lo = p.error_flag;
+  scope.g->atomic_hi = p.error_flag + 2;
+  mla_emu::Visibility model;
+  const size_t rows = (size_t)p.total_q * p.num_heads * (p.num_splits > 1 ? p.num_splits : 0);
+  if (rows) {
+    model.add_region(p.partial_out, rows * V_DIM * sizeof(uint16_t));
+    model.add_region(p.partial_lse, rows * sizeof(float));
+  }
+  model.counters_lo = p.arrivals;
+  model.counters_hi = p.arrivals ? p.arrivals + (size_t)p.total_q * (p.num_heads / HEAD_GROUP) : nullptr;
+  mla_emu::visibility = &model;
+  Fibers fibers(THREADS);
+  const bool ok = run_grid(fibers, kernels[occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
+                           THREADS);
+  mla_emu::visibility = nullptr;
   return ok ? 0 : 1;
 }
 

@@ -415,3 +415,60 @@ inline int frexp_exponent(float x) {
 #define __builtin_amdgcn_mfma_f32_16x16x32_bf16(a, b, c, cbsz, abid, blgp) mla_emu::mfma_16x16x32_bf16(a, b, c)
 #define __builtin_amdgcn_global_load_lds(src, dst, size, offset, aux) \
   mla_emu::global_load_lds((const void*)(src), (void*)(dst), size, offset)
+
+// ----- fences and the fused kernels' split counters (isa_facts.h: fence.agent, global_atomic.counter) -----
+// Fences matter only between workgroups of one launch, which visibility.h models for a fused launch; without it
+// (every other launch) they order nothing the emulator could observe. The counters' atomics are checked as the
+// error flag's are (scope, alignment, range) and must be relaxed: the kernels order memory with explicit fences,
+// and the fact base records no other order.
+#include "visibility.h"
+
+namespace mla_emu {
+
+inline int fence_scope(const char* scope) {  // clang's __builtin_amdgcn_fence scope names; "" is system
+  static const struct { const char* name; int scope; } names[] = {
+      {"singlethread", __HIP_MEMORY_SCOPE_SINGLETHREAD}, {"wavefront", __HIP_MEMORY_SCOPE_WAVEFRONT},
+      {"workgroup", __HIP_MEMORY_SCOPE_WORKGROUP}, {"agent", __HIP_MEMORY_SCOPE_AGENT}, {"", __HIP_MEMORY_SCOPE_SYSTEM}};
+  for (const auto& n : names)
+    if (std::strcmp(n.name, scope) == 0) return n.scope;
+  return 0;
+}
+
+inline void fence(int order, const char* scope) {
+  bool between_workgroups = false;
+  for (int s : mla_facts::FENCE_VISIBLE_SCOPES) between_workgroups |= s == fence_scope(scope);
+  if (!visibility || !between_workgroups) return;
+  if (order == __ATOMIC_RELEASE || order == __ATOMIC_ACQ_REL || order == __ATOMIC_SEQ_CST)
+    visibility->release_fence(mla_facts::FENCE_RELEASES_OWN_WAVE_ONLY ? current->index : -1);
+  if (order == __ATOMIC_ACQUIRE || order == __ATOMIC_ACQ_REL || order == __ATOMIC_SEQ_CST) visibility->acquire_fence();
+}
+
+inline bool counter_ok(int32_t* address, int order, int scope) {
+  bool visible = false;
+  for (int s : mla_facts::ATOMIC_VISIBLE_SCOPES) visible |= s == scope;
+  if (!visibility || address < visibility->counters_lo || address + 1 > visibility->counters_hi)
+    return fail("counter atomic outside the counters given to the kernel", address), false;
+  if (!visible) return fail("counter atomic at a scope other workgroups are not promised to see", address), false;
+  if (reinterpret_cast<uintptr_t>(address) % mla_facts::ATOMIC_ALIGN) return fail("misaligned counter atomic", address), false;
+  if (order != __ATOMIC_RELAXED) return fail("counter atomic with an order outside the fact base", address), false;
+  return true;
+}
+
+inline int32_t counter_fetch_add(int32_t* address, int32_t value, int order, int scope) {
+  if (!counter_ok(address, order, scope)) return 0;
+  visibility->counter_rmw((int)(address - visibility->counters_lo));
+  const int32_t old = *address;
+  *address = old + value;
+  return old;
+}
+
+inline void counter_store(int32_t* address, int32_t value, int order, int scope) {
+  if (counter_ok(address, order, scope)) *address = value;
+}
+
+}  // namespace mla_emu
+
+#define __builtin_amdgcn_fence(order, scope) mla_emu::fence((order), (scope))
+#define __hip_atomic_fetch_add(address, value, order, scope) \
+  mla_emu::counter_fetch_add((address), (value), (order), (scope))
+#define __hip_atomic_store(address, value, order, scope) mla_emu::counter_store((address), (value), (order), (scope))

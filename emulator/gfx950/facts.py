@@ -216,6 +216,38 @@ FACTS = (
           "__hip_atomic_fetch_or / __hip_atomic_fetch_min, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT"), "high",
          bet_by="the indptr error flag: thread 0 of one workgroup per segment ORs the violation bits into flag[0] "
                 "and takes the min of the segment into flag[1]", disables=EVERY_VARIANT),
+    Fact("global_atomic.counter",
+         "__hip_atomic_fetch_add (relaxed, agent scope) on a naturally aligned global dword is global_atomic_add "
+         "with return: an indivisible read-modify-write that returns the old value; __hip_atomic_store (relaxed, "
+         "agent scope) is a global store every workgroup's later agent-scope RMW reads after. Relaxed atomics order "
+         "no other memory access: a plain store before one may become visible after it, a load after one may read "
+         "a value older than it.",
+         {"ops": ("add", "store"), "order": "relaxed", "visible_scopes": ("agent", "system"), "align": 4},
+         (f"{ISA}, FLAT/GLOBAL atomic instructions (GLOBAL_ATOMIC_ADD with GLC/SC0: return the pre-op value)",
+          "llvm/llvm-project llvm/docs/AMDGPUUsage.rst, 'Memory Model GFX942' (gfx940-gfx950): monotonic atomicrmw "
+          "at agent scope is a bare global_atomic; only acquire/release add cache maintenance and waits",
+          "ROCm/clr hipamd/include/hip/amd_detail/amd_hip_atomic.h atomicAdd: __hip_atomic_fetch_add, "
+          "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT"), "high",
+         bet_by="the fused kernels' split counters (fused_merge.h): thread 0 adds 1 per finished split; the one "
+                "that reads num_splits - 1 merges and stores 0", disables=FUSED_VARIANTS),
+    Fact("fence.agent",
+         "__builtin_amdgcn_fence(release, \"agent\") on gfx950 is buffer_wbl2 sc1 then s_waitcnt vmcnt(0): it "
+         "writes back the L2 (one per XCD, not coherent with the others) and waits for the running wave's own "
+         "earlier stores, so they are visible at agent scope before its later stores and atomics. It cannot wait "
+         "for other waves' stores: each wave that stored must fence. The acquire fence is buffer_inv sc1: later "
+         "loads miss the stale L1/L2 lines and see what was released before the atomic the wave read. Fences at "
+         "workgroup scope order nothing between workgroups.",
+         {"release": "buffer_wbl2 sc1; s_waitcnt vmcnt(0)", "acquire": "buffer_inv sc1",
+          "visible_scopes": ("agent", "system"), "own_wave_only": True},
+         ("llvm/llvm-project llvm/docs/AMDGPUUsage.rst, 'Memory Model GFX942' code sequences (fence release / "
+          "acquire, agent scope)",
+          "llvm/llvm-project pull 161638 ('Our release fences aren't strong enough to wait on stores from other "
+          "waves')",
+          "this repository: clang 22 compiles the fused kernels' fences to exactly these sequences for gfx950 "
+          "(tests/test_gfx950_static.py)"), "high",
+         bet_by="the fused kernels: every lane fences (release, agent) after its partial stores, before the "
+                "barrier and thread 0's arrival; every lane of the last arriver fences (acquire, agent) before "
+                "reading the partials", disables=FUSED_VARIANTS),
     Fact("mfma.accumulation",
          "MFMA products of fp8/fp4/bf16 inputs are exact in f32; the order of the internal sums is not specified.",
          "unordered",
@@ -312,6 +344,11 @@ def header(overrides=None) -> str:
         "constexpr int ATOMIC_VISIBLE_SCOPES[] = {" + ", ".join(str(HIP_MEMORY_SCOPES[x]) for x in
                                                             atomic["visible_scopes"]) + "};",
         f"constexpr bool ATOMIC_MIN_SIGNED = {str('smin' in atomic['ops']).lower()};",
+        "// fences: the scopes that order memory between workgroups; whether a release waits only for its own wave",
+        "constexpr int FENCE_VISIBLE_SCOPES[] = {" + ", ".join(str(HIP_MEMORY_SCOPES[x]) for x in
+                                                           value("fence.agent", overrides)["visible_scopes"]) + "};",
+        f"constexpr bool FENCE_RELEASES_OWN_WAVE_ONLY = "
+        f"{str(value('fence.agent', overrides)['own_wave_only']).lower()};",
         "}  // namespace mla_facts",
     ]
     return "\n".join(lines) + "\n"

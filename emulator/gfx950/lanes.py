@@ -26,7 +26,7 @@ class DecodeParams(ctypes.Structure):
     """Mirror of mixed_mla/kernels/gfx950/decode/params.h."""
     _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "kv", "kv_block_scales", "kv_scale", "qo_indptr",
                                                       "kv_indptr", "out", "partial_out", "partial_lse",
-                                                      "error_flag")]
+                                                      "error_flag", "lse", "arrivals")]
                 + [(name, ctypes.c_int64) for name in ("q_row_stride", "q_head_stride", "out_row_stride",
                                                        "out_head_stride")]
                 + [(name, ctypes.c_int) for name in ("total_q", "num_heads", "batch", "num_kv_rows", "num_splits")]
@@ -56,9 +56,12 @@ def new_error_flag():
     return torch.tensor([0, validate._NO_SEGMENT], dtype=torch.int32)
 
 
-def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None, error_flag=None):
+def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None, error_flag=None,
+               lse=None, arrivals=None, fused=False):
     """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN.
-    error_flag: the int32 (2,) flag the kernels record indptr violations in (a fresh clear one when None)."""
+    error_flag: the int32 (2,) flag the kernels record indptr violations in (a fresh clear one when None).
+    lse: None, or float32 (total_q, H) the kernels write the log-sum-exp into. fused: the single-launch kernel (fp8),
+    its split counters `arrivals` (int32 (total_q * H / 16,), zeros when None; left as the kernel leaves them)."""
     total_q, heads = q.shape[:2]
     data, aux = cache
     kv = as_uint8(data).reshape(-1, ROW_BYTES[kv_format]).contiguous()
@@ -66,17 +69,24 @@ def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_
     kv_scale = aux.float().contiguous() if kv_format == "fp8" else torch.ones(1)
     out = torch.full((total_q, heads, 512), float("nan"), dtype=torch.bfloat16)
     partial = torch.full((max(total_q * heads * num_splits, 1) * 512,), float("nan"), dtype=torch.bfloat16)
-    lse = torch.full((max(total_q * heads * num_splits, 1),), float("nan"))
+    partial_lse = torch.full((max(total_q * heads * num_splits, 1),), float("nan"))
     error_flag = new_error_flag() if error_flag is None else error_flag
+    if arrivals is None:
+        arrivals = torch.zeros(max(total_q * (heads // 16), 1), dtype=torch.int32)
     p = DecodeParams(q.data_ptr(), kv.data_ptr(), scales.data_ptr(), kv_scale.data_ptr(), qo.data_ptr(),
-                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), lse.data_ptr(), error_flag.data_ptr(),
+                     kvp.data_ptr(), out.data_ptr(), partial.data_ptr(), partial_lse.data_ptr(), error_flag.data_ptr(),
+                     None if lse is None else lse.data_ptr(), arrivals.data_ptr() if fused else None,
                      q.stride(0), q.stride(1),
                      out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
                      kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, DEFAULT_SM_SCALE * LOG2E)
     error = _error_buffer()
-    rc = lib.emu_decode(ctypes.byref(p), KV_FORMAT_CODES[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
-                        ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()), ctypes.c_long(scales.numel()),
-                        error, len(error))
+    if fused:
+        rc = lib.emu_decode_fused(ctypes.byref(p), occupancy, ctypes.c_void_p(kv.data_ptr()),
+                                  ctypes.c_long(kv.numel()), error, len(error))
+    else:
+        rc = lib.emu_decode(ctypes.byref(p), KV_FORMAT_CODES[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
+                            ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()),
+                            ctypes.c_long(scales.numel()), error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), out
 
 

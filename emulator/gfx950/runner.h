@@ -12,6 +12,7 @@ Group* group = nullptr;
 Lane* current = nullptr;
 ucontext_t scheduler;
 long progress = 0;
+Visibility* visibility = nullptr;   // visibility.h: set for a fused launch only
 }  // namespace mla_emu
 
 // The host compiler lowers the kernels' (__bf16) casts to this libgcc/compiler-rt routine, which the shared

@@ -8,7 +8,7 @@
 #include "params.h"
 
 namespace mla_gfx950 {
-int launch_decode(const DecodeParams& p, int format, int occupancy, void* stream);
+int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, void* stream);
 int launch_indptr_guard(const IndptrGuardParams& p, void* stream);
 }
 
@@ -18,9 +18,12 @@ using mla_binding::bytes_of;
 // kv_aux = float32 scale (1,)) or kFormatMxfp4 (kv = packed rows (N, 288) as bytes, kv_aux = e8m0 scales (>= N, 24)
 // as bytes). partial_out (total_q, H, splits, 512) bf16 and partial_lse (total_q, H, splits) float32 are only
 // touched when num_splits > 1. error_flag: int32 (2,), the device's indptr violation flag (validate.py).
+// arrivals: int32 (>= total_q * H / 16,), zero, for a fused kernel with num_splits > 1 (left zero after the call);
+// lse: None, or float32 (total_q, H) contiguous, receiving the natural-log log-sum-exp of every row and head.
 void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Tensor qo_indptr,
              torch::Tensor kv_indptr, torch::Tensor out, torch::Tensor partial_out, torch::Tensor partial_lse,
-             torch::Tensor error_flag, int64_t num_splits, int64_t occupancy, int64_t kv_format, double sm_scale) {
+             torch::Tensor error_flag, torch::Tensor arrivals, c10::optional<torch::Tensor> lse, int64_t num_splits,
+             int64_t occupancy, bool fused, int64_t kv_format, double sm_scale) {
   const bool fp8 = kv_format == mla_gfx950::kFormatFp8;
   TORCH_CHECK(fp8 || kv_format == mla_gfx950::kFormatMxfp4, "hip_gfx950 reads fp8 (", mla_gfx950::kFormatFp8,
               ") or mxfp4 (", mla_gfx950::kFormatMxfp4, ") caches, got format code ", kv_format);
@@ -38,6 +41,15 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   TORCH_CHECK(error_flag.scalar_type() == at::kInt && error_flag.numel() == 2 && error_flag.is_contiguous() &&
               error_flag.device() == q.device(), "error_flag must be int32 (2,) on q's device");
   TORCH_CHECK(num_splits >= 1 && occupancy >= 2 && occupancy <= 4, "bad num_splits / occupancy");
+  TORCH_CHECK(!fused || fp8, "the fused kernels read fp8 caches only");
+  if (fused && num_splits > 1)
+    TORCH_CHECK(arrivals.scalar_type() == at::kInt && arrivals.is_contiguous() && arrivals.device() == q.device() &&
+                arrivals.numel() >= q.size(0) * (q.size(1) / 16), "arrivals must be int32 (>= total_q * H / 16,) "
+                "on q's device");
+  if (lse.has_value())
+    TORCH_CHECK(lse->scalar_type() == at::kFloat && lse->is_contiguous() && lse->device() == q.device() &&
+                lse->dim() == 2 && lse->size(0) == q.size(0) && lse->size(1) == q.size(1),
+                "lse must be float32 (total_q, H), contiguous, on q's device");
   const int64_t num_rows = kv.numel() / (fp8 ? 576 : 288);
   if (fp8) {
     TORCH_CHECK(kv_aux.scalar_type() == at::kFloat && kv_aux.numel() == 1, "fp8 scale must be float32 (1,)");
@@ -64,7 +76,9 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   p.kv_block_scales = fp8 ? nullptr : bytes_of(kv_aux);
   p.kv_scale = fp8 ? kv_aux.data_ptr<float>() : nullptr;
   p.num_kv_rows = (int)num_rows;
-  const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy,
+  p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
+  p.arrivals = fused && num_splits > 1 ? arrivals.data_ptr<int32_t>() : nullptr;
+  const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy, fused,
                                             c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
 }

@@ -56,6 +56,7 @@ constexpr int Q_AMAX_EXPONENT = 8;     // frexp exponent of the scaled amax: ama
 constexpr int Q_MAX_SHIFT = 64;
 
 constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;   // the kernels keep log-sum-exps in base 2; DecodeParams::lse is base e
 
 // Direct-to-LDS loads: global_load_lds_dwordx4 moves 16 B per lane, 1 KiB per wave instruction, into
 // consecutive LDS bytes. Tiles are contiguous in HBM (page size 1), so a tile is a run of 1 KiB chunks.

@@ -1,44 +1,11 @@
-// Stage 2: merges the per-split partial outputs of one (query row, head) into the final bf16 row.
-// One wave per (row, head); lane l owns value dims 8l..8l+7. Splits are weighted by 2^(lse_s - max lse),
-// partials being normalised per split; an all-empty row (every lse = -inf) writes zeros.
-#include "prelude.h"
-#include "config.h"
-#include "params.h"
+// Stage 2: merges the per-split partial outputs of one (query row, head) into the final bf16 row (merge.h), and
+// writes the row's log-sum-exp when asked.
+#include "merge.h"
 
 namespace mla_gfx950 {
 
-constexpr int MERGE_DIMS_PER_LANE = V_DIM / WAVE_SIZE;  // 8: one 16-byte bf16 load per split
-
-__device__ inline void merge_row(const DecodeParams& p) {
-  const int t = block_x(), head = block_y(), lane = lane_id();
-  const int64_t row = (int64_t)t * p.num_heads + head;
-  const float* lse = p.partial_lse + row * p.num_splits;
-  float top = -__builtin_inff();
-  for (int s = 0; s < p.num_splits; ++s) top = __builtin_fmaxf(top, lse[s]);
-  float acc[MERGE_DIMS_PER_LANE] = {};
-  float weight_sum = 0.0f;
-  if (top > -__builtin_inff()) {
-    for (int s = 0; s < p.num_splits; ++s) {
-      const float w = __builtin_amdgcn_exp2f(lse[s] - top);  // 0 for an empty split
-      if (w == 0.0f) continue;                                // uniform: lse is the same for every lane
-      const v4u part = *reinterpret_cast<const v4u*>(p.partial_out + (row * p.num_splits + s) * V_DIM +
-                                                     MERGE_DIMS_PER_LANE * lane);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        acc[2 * k] += w * __builtin_bit_cast(float, part[k] << 16);
-        acc[2 * k + 1] += w * __builtin_bit_cast(float, part[k] & 0xFFFF0000u);
-      }
-      weight_sum += w;
-    }
-  }
-  const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
-  v4u packed;
-#pragma unroll
-  for (int k = 0; k < 4; ++k)
-    packed[k] = __builtin_bit_cast(unsigned, v2bf{(__bf16)(acc[2 * k] * inv), (__bf16)(acc[2 * k + 1] * inv)});
-  *reinterpret_cast<v4u*>(p.out + (int64_t)t * p.out_row_stride + (int64_t)head * p.out_head_stride +
-                          MERGE_DIMS_PER_LANE * lane) = packed;
-}
+// One wave per (row, head): the grid is (total_q, num_heads).
+__device__ inline void merge_row(const DecodeParams& p) { merge_head(p, block_x(), block_y(), lane_id()); }
 
 }  // namespace mla_gfx950
 

@@ -15,6 +15,10 @@ struct DecodeParams {
   uint16_t* partial_out;           // bf16 bits [total_q][num_heads][num_splits][512], normalised per split
   float* partial_lse;              // [total_q][num_heads][num_splits], log2 units; -inf for an empty split
   int32_t* error_flag;             // (2,): [IndptrViolation bits, first bad segment] (validate.py's flag)
+  float* lse;                      // (total_q, num_heads) row-major, natural log (FlashMLA's convention); nullptr =
+                                   // not written. Written by the merge, by stage 1 with one split, by the fused kernel
+  int32_t* arrivals;               // fused kernels, num_splits > 1: (total_q, num_heads / HEAD_GROUP) split arrival
+                                   // counters, 0 before and after every call (fused_merge.h); unused otherwise
   int64_t q_row_stride, q_head_stride;      // elements
   int64_t out_row_stride, out_head_stride;  // elements
   int total_q, num_heads, batch, num_kv_rows, num_splits;

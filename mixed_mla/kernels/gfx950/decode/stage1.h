@@ -20,6 +20,8 @@
 #include "params.h"
 #include "kv_fp8.h"
 #include "kv_mxfp4.h"
+#include "merge.h"
+#include "fused_merge.h"
 
 namespace mla_gfx950 {
 
@@ -175,7 +177,9 @@ __device__ inline void pv_column_pair(v8bf pa, const unsigned (&raw)[PV_TOKENS_P
   }
 }
 
-template <class Cache, int OCC>
+// FUSED: with more than one split, the last workgroup of a (row, head group) to finish merges the splits itself
+// (fused_merge.h) instead of leaving that to merge.hip's second launch.
+template <class Cache, int OCC, bool FUSED = false>
 __device__ inline void stage1(const DecodeParams& p) {
   constexpr int NB = buffers_for_occupancy(OCC);
   constexpr bool Q_IN_LDS = q_in_lds(OCC);
@@ -297,11 +301,15 @@ __device__ inline void stage1(const DecodeParams& p) {
         : p.partial_out + (((int64_t)t * p.num_heads + head) * p.num_splits + split) * V_DIM + dim;
     *reinterpret_cast<v4u*>(dst) = packed;
   }
-  if (p.num_splits > 1 && wave == 0 && g == 0) {
+  if (wave == 0 && g == 0) {  // lane n: head n's log-sum-exp of this split, log2 units
     const int head = head_group * HEAD_GROUP + n;
-    p.partial_lse[((int64_t)t * p.num_heads + head) * p.num_splits + split] =
-        ltot > 0.0f ? m + __builtin_amdgcn_logf(ltot) : -__builtin_inff();
+    const float split_lse = ltot > 0.0f ? m + __builtin_amdgcn_logf(ltot) : -__builtin_inff();
+    if (p.num_splits > 1)
+      p.partial_lse[((int64_t)t * p.num_heads + head) * p.num_splits + split] = split_lse;
+    else
+      write_lse(p, t, head, split_lse);
   }
+  if (FUSED && p.num_splits > 1 && arrive(p, t, head_group)) merge_head_group(p, t, head_group, wave, lane);
 }
 
 }  // namespace mla_gfx950
