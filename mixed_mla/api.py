@@ -270,6 +270,9 @@ def _problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: boo
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
     if reason is None and return_lse and not backends.spec(plan.backend).lse:
         reason = LSE_REASON
+    if reason is None:   # a backend's own refusal of this plan (aiter: a pairing its installed generation lacks)
+        refuse = getattr(backends.module(plan.backend), "plan_problem", None)
+        reason = None if refuse is None else refuse(plan, device_arch(device), num_heads, max_q_len)
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
         module = backends.module(plan.backend)
         layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)

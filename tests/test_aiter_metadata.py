@@ -401,10 +401,137 @@ def test_an_unknown_api_generation_is_reported(monkeypatch):
     monkeypatch.setitem(sys.modules, "aiter.mla", mla)
     aiter_mla._probe.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match="unknown aiter API"):
+        with pytest.raises(RuntimeError, match="unknown aiter generation"):
             aiter_mla._aiter()
     finally:
         aiter_mla._probe.cache_clear()
+
+
+# ---- the installed generation (issue 31 item 3) ----
+
+GENERATION_FAKES = {
+    "2025-11": (fake_aiter.aiter_2025_11, aiter_mla.API_2025_11, "not readable"),
+    "2026-03": (fake_aiter.aiter_2026_03, aiter_mla.API_2026_03, "native-head rule"),
+    "2026-08": (fake_aiter.aiter_2026_08, aiter_mla.API_2026_08, "native-head rule"),
+    "between": (fake_aiter.aiter_between, None, "between 2026-03 and 2026-08"),
+    "unknown-rule": (fake_aiter.aiter_unknown_rule, None, "runs 32 heads folded on gfx950 (bf16"),
+}
+
+
+@pytest.mark.parametrize("name", list(GENERATION_FAKES))
+def test_the_generation_is_read_from_the_api_and_the_decode_source(monkeypatch, name):
+    factory, expected, evidence = GENERATION_FAKES[name]
+    _install(monkeypatch, factory, MI355X)
+    aiter, mla = sys.modules["aiter"], sys.modules["aiter.mla"]
+    aiter.__version__ = "9.9.9"   # not read: the same string on every fake
+    generation, said = aiter_mla.detect_generation(aiter, mla)
+    assert generation == expected and evidence in said
+
+
+def test_the_route_rules_disagree_with_a_decode_of_another_generation(monkeypatch):
+    """Mutation: the route's 2026-08 decode rule replaced by the pinned one. The HEAD fake's own decode source then
+    contradicts it, so the generation is unknown rather than run on the wrong rule."""
+    _install(monkeypatch, fake_aiter.aiter_2026_08, MI355X)
+    pinned = aiter_mla.decode_native
+    monkeypatch.setattr(aiter_mla, "decode_native",
+                        lambda generation, *point: pinned(aiter_mla.API_2026_03, *point))
+    generation, said = aiter_mla.detect_generation(sys.modules["aiter"], sys.modules["aiter.mla"])
+    assert generation is None and "unfolded on gfx942" in said
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+@pytest.mark.parametrize("generation", [aiter_mla.API_2026_03, aiter_mla.API_2026_08])
+def test_the_route_fold_rules_equal_the_model_at_every_point(arch, generation):
+    from aiter_model import metadata as model
+    for heads in aiter_mla.HEAD_COUNTS:
+        for q_len in range(1, aiter_mla.MAX_Q_LEN + 1):
+            for fp8 in (True, False):
+                dtype = FP8_NAME if fp8 else "bfloat16"
+                assert aiter_mla.v1_2_native(generation, arch, heads, q_len, fp8) == model.v1_2_unfolded(
+                    generation, arch, heads, q_len, fp8, fp8), (heads, q_len, dtype)
+
+
+FP8_NAME = "float8_e4m3fn"
+
+
+def _head_fake(monkeypatch):
+    rec = _install(monkeypatch, fake_aiter.aiter_2026_08, MI355X)
+    assert aiter_mla._aiter().generation == aiter_mla.API_2026_08
+    return rec
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
+@pytest.mark.parametrize("heads", [32, 64, 128])
+@pytest.mark.parametrize("variant", ["", "fast"])
+def test_head_generation_serves_unfolded_heads_right(monkeypatch, kv_format, heads, variant):
+    """At e4048607a5 the decode runs gfx950 fp8 32/64/128 (and bf16 all) heads unfolded; v1_0 folds 32..112, so
+    variant "" runs v1_2 there, and v1_0 only where it agrees (128 heads)."""
+    rec = _head_fake(monkeypatch)
+    case = Case((1700, 2100, 1800), heads=heads)
+    assert _served_error(case, kv_format, _plan(kv_format=kv_format, variant=variant)) < \
+        exact.STRICT_BOUND[kv_format]
+    assert rec.metadata[-1].builder == ("v1_0" if variant == "" and heads == 128 else "v1_2")
+    assert rec.metadata[-1].qk_batch_ratio == 1
+
+
+def test_pinned_rules_on_a_head_aiter_are_wrong(monkeypatch):
+    """Mutation: the route choosing its builder by the pinned generation's rules on a HEAD aiter runs v1_0 (which
+    folds 32 heads into rows of 16) against a decode that reads them unfolded: the model disagrees."""
+    _head_fake(monkeypatch)
+    chosen = aiter_mla.metadata_choice
+    monkeypatch.setattr(aiter_mla, "metadata_choice",
+                        lambda *args: chosen(*args[:-1], aiter_mla.API_2026_03))
+    case = Case((1700, 2100, 1800), heads=32)
+    try:
+        error = _served_error(case, "fp8", _plan())
+    except ModelError:
+        return
+    assert not error < exact.STRICT_BOUND["fp8"]
+
+
+@pytest.mark.parametrize("generation, heads, variant, q_len, env, refused", [
+    (aiter_mla.API_2026_08, 16, "", 1, "1", "AITER_ENABLE_EXPERIMENTAL"),
+    (aiter_mla.API_2026_08, 64, "fast", 2, "0", "one query per segment"),
+    (aiter_mla.API_2026_03, 32, "", 4, "0", "one query per segment"),
+    (aiter_mla.API_2025_11, 32, "fast", 1, "0", "not modelled"),
+    (aiter_mla.API_2025_11, 16, "", 1, "0", "not modelled"),
+    (aiter_mla.API_2026_08, 64, "", 1, "0", None),
+    (aiter_mla.API_2026_03, 128, "fast", 1, "0", None),
+])
+def test_pairings_not_modelled_are_refused(generation, heads, variant, q_len, env, refused):
+    problem = aiter_mla.pairing_problem(generation, "gfx950", heads, variant, q_len, "fp8", env != "0")
+    assert problem is None if refused is None else refused in problem
+
+
+def _route_twice(monkeypatch, num_heads=16):
+    """api._route on CPU with aiter planned for gfx950 and torch behind it; the aiter fallback warnings."""
+    from mixed_mla import api, backends
+    monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(api, "plan_for", lambda arch, batch, q, kv, heads, kv_format, backend:
+                        Plan(backend=backend or "aiter", kv_format="fp8", num_splits=4, variant=""))
+    monkeypatch.setattr(backends, "native_backends", lambda arch: ("aiter",))
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, key: aiter_mla._probe()[1]
+                        if name == "aiter" else None)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        routes = [api._route(torch.device("cpu"), 8, 1, 1024, num_heads, "fp8", None)[0] for _ in range(2)]
+    return routes, [str(w.message) for w in caught if "'aiter'" in str(w.message)]
+
+
+def test_an_unknown_generation_routes_elsewhere_with_one_warning(monkeypatch):
+    _install(monkeypatch, fake_aiter.aiter_unknown_rule, MI355X)
+    routes, warned = _route_twice(monkeypatch)
+    assert [plan.backend for plan in routes] == ["torch", "torch"]
+    assert len(warned) == 1 and "unknown aiter generation" in warned[0]
+
+
+def test_a_refused_pairing_routes_elsewhere_with_one_warning(monkeypatch):
+    _install(monkeypatch, fake_aiter.aiter_2026_08, MI355X)
+    monkeypatch.setenv(aiter_mla.EXPERIMENTAL_ENV, "1")
+    routes, warned = _route_twice(monkeypatch)
+    assert [plan.backend for plan in routes] == ["torch", "torch"]
+    assert len(warned) == 1 and aiter_mla.EXPERIMENTAL_ENV in warned[0]
 
 
 def test_unavailable_off_rocm_with_a_reason():
@@ -435,7 +562,7 @@ def test_the_mi355x_table_routes_every_benchmark_shape_to_runnable_plans():
 
 # ---- the route before issue 27, against the same model: it fails where aiter's builders misbehave ----
 
-def pre_fix_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype):
+def pre_fix_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype, generation):
     """The argument choices of the route at 42975ee: the plan's variant alone picked the builder (v1_0 for ''),
     uni_seqlen_qo -1 for non-uniform query counts, the workspace sized for plan.num_splits, no length guard."""
     uniform_q_len = max_q_len if total_q == batch * max_q_len else -1

@@ -77,3 +77,17 @@ def test_v1_2_covers_every_segment_exactly_once(device, page_size):
 def test_the_workspace_size_is_checked():
     sizes = m.info_sizes(m.MI300X, 4, 1, 16, FP8, FP8, False, 4, True)
     assert sizes[2] == 4 * 4 and len(_v1_0(m.MI300X, (1,) * 4, (512,) * 4, uni=1, splits=4).work) == 64
+
+
+@pytest.mark.parametrize("heads", [32, 64, 128])
+def test_head_v1_2_counts_gfx950_fp8_heads_unfolded_where_the_pinned_one_folds(heads):
+    """aiter e4048607a5's v1_2 (v1_2_device.cuh ~855-869) runs gfx950 fp8 32/64/128 heads unfolded; 8ce1117's folds
+    them into groups of 16 (32 only at q_len 4), as v1_0 still does in both."""
+    def ratio(generation):
+        return m.build(m.MI355X, [0, 1, 2], [0, 300, 700], [1, 1], heads, 1, 1, 16, 1, 1, True, 4, False, FP8, 3,
+                       FP8, generation=generation).qk_batch_ratio
+    assert ratio(m.GENERATION_HEAD) == 1
+    assert ratio(m.GENERATION_PINNED) == heads // 16
+    v1_0 = m.build(m.MI355X, [0, 1, 2], [0, 300, 700], [1, 1], heads, 1, 1, 16, 1, 1, False, 4, True, FP8, 3, FP8,
+                   generation=m.GENERATION_HEAD)
+    assert v1_0.qk_batch_ratio == (1 if heads == 128 else heads // 16)

@@ -26,7 +26,13 @@ LAYOUTS = {
     "nonuniform-q": ((1, 3, 2, 4), (200, 230, 260, 300)),
     "nonuniform-q-short-and-empty": ((4, 1, 0, 2, 3), (3, 0, 70, 1025, 5)),
     "uniform-mtp": ((4,) * 3, (37, 5, 300)),
+    "uniform-q3": ((3,) * 3, (300, 1800, 424)),          # q_len 3: aiter runs its q_len-4 kernel
+    "nonuniform-q3": ((3, 1, 2, 3), (64, 700, 9, 2000)),
 }
+# More than 16 heads (folded into rows of 16, or unfolded where the installed generation's decode runs them so):
+# one query per segment, as the route serves them, at one split and several.
+HEAD_COUNTS = (32, 64, 128)
+SPLIT_COUNTS = (1, 8)
 PAGE_SIZES = (1, 2, 8)
 
 
@@ -39,9 +45,9 @@ def _device():
     return torch.device("cuda")
 
 
-def _tensors(q_lens, kv_lens, kv_format, device, seed=0):
+def _tensors(q_lens, kv_lens, kv_format, device, seed=0, heads=16):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(q_lens), 16, 576, generator=g).to(torch.bfloat16)
+    q = torch.randn(sum(q_lens), heads, 576, generator=g).to(torch.bfloat16)
     rows = -(-sum(kv_lens) // 8) * 8                     # whole pages of 8, spare rows past the last segment
     kv = torch.randn(rows, 1, 576, generator=g).to(torch.bfloat16)
     cache = formats.quantize_fp8(kv) if kv_format == "fp8" else kv
@@ -51,21 +57,22 @@ def _tensors(q_lens, kv_lens, kv_format, device, seed=0):
     return move(q), cache, move(indptr(q_lens)), move(indptr(kv_lens))
 
 
-def _run(name, kv_format, page_size, variant, device):
+def _run(name, kv_format, page_size, variant, device, heads=16, splits=8):
     """(output, the inputs) of the route, or None when the route refuses the layout (checked to be expected).
 
     A plan whose v1_0 length needs the layout breaks is not run: the route refuses it by a device-side assertion,
     which on a GPU leaves the process unable to launch anything else (the CPU tests check that refusal)."""
     q_lens, kv_lens = LAYOUTS[name]
-    plan = Plan("aiter", kv_format, 8, variant, page_size)
+    plan = Plan("aiter", kv_format, splits, variant, page_size)
     if len(set(q_lens)) == 1 and aiter_mla.layout_problem(plan, device_arch(device), kv_lens) is not None:
         return None
-    q, cache, qo, kvp = _tensors(q_lens, kv_lens, kv_format, device)
-    out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16, device=device)
+    q, cache, qo, kvp = _tensors(q_lens, kv_lens, kv_format, device, heads=heads)
+    out = torch.empty(q.shape[0], heads, 512, dtype=torch.bfloat16, device=device)
     try:
         aiter_mla.run(q, cache, kv_format, qo, kvp, out, plan, SM_SCALE, max(q_lens))
-    except ValueError as refusal:                       # the plan checks: paged multi-query
-        assert page_size > 1 and max(q_lens) > 1, refusal
+    except ValueError as refusal:   # the plan checks (paged multi-query, paged > 16 heads) or an unmodelled pairing
+        pairing = aiter_mla.plan_problem(plan, device_arch(device), heads, max(q_lens))
+        assert pairing is not None or page_size > 1 and (max(q_lens) > 1 or heads > 16), refusal
         return None
     torch.cuda.synchronize(device)
     return out, (q, cache, qo, kvp)
@@ -87,6 +94,23 @@ def test_real_aiter_matches_exact_attention(name, kv_format, page_size, variant)
         unpaged = _run(name, kv_format, 1, variant, device)
         if unpaged is not None:
             assert exact.relative_l2(out, unpaged[0]) < BOUND[kv_format]
+
+
+@pytest.mark.parametrize("splits", SPLIT_COUNTS)
+@pytest.mark.parametrize("variant", ["", "fast"])
+@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
+@pytest.mark.parametrize("heads", HEAD_COUNTS)
+@pytest.mark.parametrize("name", ["uniform-long", "empty-segment", "uniform-short"])
+def test_real_aiter_more_heads_match_exact_attention(name, heads, kv_format, variant, splits):
+    """32, 64 and 128 heads on every builder, format and split class: where the decode folds them (8ce1117, most of
+    them) and where it does not (e4048607a5 on gfx950), v1_0 only where it folds alike (metadata_choice)."""
+    device = _device()
+    result = _run(name, kv_format, 1, variant, device, heads, splits)
+    if result is None:
+        pytest.skip("refused by the route for this builder / generation (see tests/test_aiter_metadata.py)")
+    out, (q, cache, qo, kvp) = result
+    error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE)
+    assert error < exact.STRICT_BOUND[kv_format], error
 
 
 @pytest.mark.parametrize("variant", ["", "fast"])

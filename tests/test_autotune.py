@@ -165,3 +165,21 @@ def test_the_fused_merge_is_chosen_by_measurement_and_the_table_keeps_it(fused_u
     chosen = planner.parse_table(autotune.table_text(table), "autotuned")[(32, 1, 1024, 16, "auto")]
     assert chosen.fused is fused_wins
     assert autotune.describe(fused) == "cuda_sm90 fp8 s4 tile64 fused"
+
+
+def test_a_rewritten_table_keeps_its_opt_in_entries():
+    """The MI355X table's opt_in_entries (routes used only with MLA_UNVERIFIED_ROUTES=1) survive a re-tune: opted
+    in, the rewritten table still plans them (they differ from the defaults, so the check can fail)."""
+    import json
+    text = (planner.TABLE_DIR / planner.TABLE_FILES["gfx950"]).read_text()
+    opt_in = json.loads(text)["opt_in_entries"]
+    assert opt_in
+    table = autotune.merged_table(text, [], "MI355X", json.loads(text)["provenance"])
+    written = json.loads(autotune.table_text(table))
+    assert written["opt_in_entries"] == opt_in
+    assert written["entries"] == json.loads(text)["entries"]
+    rewritten = autotune.table_text(table)
+    defaults = planner.parse_table(rewritten, "rewritten")
+    opted = planner.parse_table(rewritten, "rewritten", opted_in=True)
+    assert opted == planner.parse_table(text, "original", opted_in=True)
+    assert opted != defaults

@@ -200,10 +200,13 @@ def _entry_key(entry):
 
 
 def merged_table(existing_text, new_entries: list, device_name: str, provenance: dict) -> dict:
-    """The new entries, plus the existing table's entries for keys this run did not measure (their source kept)."""
-    kept = []
+    """The new entries, plus the existing table's entries for keys this run did not measure (their source kept),
+    and its opt_in_entries as they were (routes used only on request, planner.parse_table; a measurement makes a
+    default, never removes an opt-in)."""
+    kept, opt_in = [], []
     if existing_text is not None:
         existing = json.loads(existing_text)
+        opt_in = existing.get("opt_in_entries", [])
         new_keys = {_entry_key(e) for e in new_entries}
         old_source = existing.get("provenance", {}).get("measured_by", "unknown")
         kept = [{**e, "source": e.get("source", old_source)} for e in existing["entries"]
@@ -211,6 +214,8 @@ def merged_table(existing_text, new_entries: list, device_name: str, provenance:
     entries = sorted(new_entries + kept, key=lambda e: (e["num_heads"], e["q_len"], e["batch"], e["kv_len"],
                                                          e.get("kv_format", "auto")))
     table = {"device": device_name, "provenance": provenance, "entries": entries}
+    if opt_in:
+        table["opt_in_entries"] = opt_in
     planner.parse_table(json.dumps(table), "the new table")   # refuse to write what the planner cannot load
     return table
 
@@ -218,8 +223,9 @@ def merged_table(existing_text, new_entries: list, device_name: str, provenance:
 def table_text(table: dict) -> str:
     """JSON with one line per entry, so a re-tuned table reads as a diff of the shapes that changed."""
     head = json.dumps({"device": table["device"], "provenance": table["provenance"]}, indent=2)[:-2]
-    lines = ",\n".join("    " + json.dumps(entry) for entry in table["entries"])
-    return f"{head},\n  \"entries\": [\n{lines}\n  ]\n}}\n"
+    sections = ",\n".join(f"  {json.dumps(name)}: [\n" + ",\n".join("    " + json.dumps(entry) for entry in table[name])
+                          + "\n  ]" for name in ("entries", "opt_in_entries") if name in table)
+    return f"{head},\n{sections}\n}}\n"
 
 
 def provenance(device: torch.device, args) -> dict:

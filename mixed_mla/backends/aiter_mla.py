@@ -52,16 +52,32 @@ run-time self-check (selfcheck.py) runs every geometry (variant, format, page si
 max_q_len) once on selfcheck_layout(): it is what settles page sizes 2 and 8 and the decode kernel's reading of the
 metadata (multi-split v1_0 items with a non-zero kv_offset included) on real hardware.
 
-Two aiter API generations are supported, detected once from the installed signatures:
+Three aiter generations are told apart, once per process, from the installed API and source (detect_generation),
+never from a version string: the metadata call's parameter order, parameters and functions the later generation
+added, and the decode's own rule for which head counts it runs unfolded, read from mla_decode_fwd's source and
+compared with the generation's modelled rule:
   "2025-11": amd-aiter 0.1.7.post2.dev18, the only wheel on PyPI: metadata in token units, no page_size argument, so
-             plans with page_size > 1 run with page_size 1 (one warning).
-  "2026-03": the runner's aiter (early March 2026) and later: kv_last_page_lens and page_size in the metadata,
-             work_info_set BEFORE work_indptr, intra_batch_mode.
+             plans with page_size > 1 run with page_size 1 (one warning). Its builders are not modelled; the route
+             serves it only as the pinned commit's 16-head fast path (an assumption, docs/aiter.md).
+  "2026-03": aiter 8ce111717f (2026-03-10), the runner's: kv_last_page_lens and page_size in the metadata,
+             work_info_set BEFORE work_indptr, intra_batch_mode. Modelled rule for rule (tests/aiter_model).
+  "2026-08": aiter e4048607a5 (2026-08-22, HEAD when read): the same call, plus max_split_per_batch in the
+             workspace sizing, CP round-robin parameters and a batch gate on the persistent decode; its v1_2 and
+             its decode run gfx950 fp8 32/64/128 heads and all gfx950 bf16 head counts unfolded, while v1_0 still
+             folds 32..112 (modelled: the fold rules; v1_2's rewritten walk is not).
+Anything else (an aiter between or past these, a decode whose head rule differs from the model) is an unknown
+generation: the backend is unavailable, with one fallback warning. Within a known generation, a (heads, variant,
+q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the plan routes to the
+next backend with one warning.
 tests/test_aiter_contract.py checks every call built here against real aiter sources.
 """
+import ast
 import functools
 import importlib
 import inspect
+import os
+import textwrap
+import types
 import warnings
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -74,7 +90,8 @@ from ..validate import FLAG_BAD_KV_INDPTR, FLAG_BAD_QO_INDPTR, _NO_SEGMENT, devi
 
 API_2025_11 = "2025-11"
 API_2026_03 = "2026-03"
-API_GENERATIONS = (API_2025_11, API_2026_03)
+API_2026_08 = "2026-08"
+API_GENERATIONS = (API_2025_11, API_2026_03, API_2026_08)
 
 AITER_FORMATS = ("bf16", "fp8")   # aiter has no MXFP4-KV MLA decode kernel
 MAX_Q_LEN = 4                     # aiter's persistent kernels pack 16 heads x at most 4 queries (m16x4 tiles)
@@ -196,7 +213,8 @@ SPEC = BackendSpec(
 # ---------------------------------------------------------------------------------------------------------------
 
 def api_generation(metadata_v1_parameters) -> str | None:
-    """The API generation from get_mla_metadata_v1's parameter names, in order; None for an unknown one."""
+    """The metadata call's generation from get_mla_metadata_v1's parameter names, in order: API_2025_11, API_2026_03
+    (which detect_generation refines into 2026-03 or 2026-08), or None for an unknown one."""
     names = list(metadata_v1_parameters)
 
     def before(first, second):
@@ -207,9 +225,118 @@ def api_generation(metadata_v1_parameters) -> str | None:
     return API_2025_11 if before("work_indptr", "work_info") else None
 
 
+# What aiter e4048607a5 has and 8ce1117 lacks: (function, parameter) pairs of its signatures, and aiter.mla's batch
+# gate on the persistent decode (_use_persistent_mla_decode, mla.py ~401-423; the route keeps it off by passing
+# num_kv_splits, ~578-589). All present: 2026-08; none: 2026-03; some: an aiter between the two, not modelled.
+MARKER_PARAMETERS_2026_08 = (("get_mla_metadata_info_v1", "max_split_per_batch"),
+                             ("get_mla_metadata_v1", "is_cp_round_robin"), ("mla_decode_fwd", "cp_world_size"))
+MARKER_FUNCTIONS_2026_08 = ("_use_persistent_mla_decode",)   # attributes of aiter.mla
+EXPERIMENTAL_ENV = "AITER_ENABLE_EXPERIMENTAL"   # read by aiter's decode (is_experimental_enabled) and v1_2 host
+ARCHS = ("gfx942", "gfx950")
+HEAD_COUNTS = tuple(range(HEAD_GROUP, 129, HEAD_GROUP))    # the multiples of 16 the route serves (16..128)
+FP8, BF16 = "fp8", "bf16"
+
+
+def decode_native(generation, arch, num_heads, q_len, fp8) -> bool:
+    """Whether the generation's mla_decode_fwd runs this head count unfolded (persistent mode, experimental kernels
+    off), for the head counts the route serves; otherwise it folds them into rows of 16 heads.
+    2025-11 / 2026-03: aiter/mla.py at 8ce1117 ~288-304; 2026-08: aiter/mla.py at e4048607a5 ~761-816."""
+    if num_heads == HEAD_GROUP:
+        return True
+    if generation == API_2026_08:
+        return ((arch == "gfx942" and fp8 and (num_heads == 128 or (num_heads == 64 and q_len == 1)))
+                or (arch == "gfx950" and (not fp8 or num_heads in (32, 64, 128))))
+    return (arch == "gfx942" and num_heads == 128 and fp8) or (
+        arch == "gfx950" and num_heads == 32 and fp8 and q_len == 4)
+
+
+def v1_2_native(generation, arch, num_heads, q_len, fp8) -> bool:
+    """Whether v1_2 (fast_mode) counts this head count's rows unfolded. 2026-03: v1_2_device.cuh at 8ce1117 ~459-462;
+    2026-08: v1_2_device.cuh at e4048607a5 ~855-863 (natively_supported, experimental off)."""
+    if generation == API_2026_08:
+        return (num_heads == HEAD_GROUP or (num_heads == 64 and fp8 and q_len == 1)
+                or (arch == "gfx950" and (not fp8 or num_heads in (32, 64, 128)))
+                or (arch == "gfx942" and num_heads == 128 and fp8))
+    return decode_native(generation, arch, num_heads, q_len, fp8)
+
+
+def v1_0_native(num_heads) -> bool:
+    """v1_0 (intra_batch_mode) folds 32..112 heads into groups of 16 and runs 16 and 128 unfolded, in every generation
+    read (v1_0_device.cuh ~196-221, unchanged from 8ce1117 to e4048607a5)."""
+    return num_heads in (HEAD_GROUP, 128)
+
+
+def decode_rule_from_source(decode_fn):
+    """The installed mla_decode_fwd's own native-head rule, as a function (arch, num_heads, q_len, fp8) -> bool, or
+    None when its source cannot be read or holds no such rule. The rule is the condition of the `if` whose whole
+    body is `pass` (aiter's "natively support cases"), evaluated over the names it reads, experimental kernels
+    off; a condition reading any other name is not understood (None)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(decode_fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    tests = [node.test for node in ast.walk(tree)
+             if isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Pass)]
+    if len(tests) != 1:
+        return None
+    code = compile(ast.Expression(tests[0]), "<aiter native-head rule>", "eval")
+    dtypes = types.SimpleNamespace(fp8=FP8, bf16=BF16)
+
+    def rule(arch, num_heads, q_len, fp8):
+        tensor = types.SimpleNamespace(dtype=FP8 if fp8 else BF16)
+        names = {"nhead": num_heads, "max_seqlen_q": q_len, "q": tensor, "kv_buffer": tensor, "dtypes": dtypes,
+                 "get_gfx": lambda: arch, "is_experimental_enabled": lambda: False}
+        return bool(eval(code, {"__builtins__": {}}, names))   # noqa: S307 (aiter's own condition, on plain values)
+
+    try:
+        rule(ARCHS[0], HEAD_GROUP, 1, True)
+    except Exception:   # a name or construct the rule's namespace does not provide
+        return None
+    return rule
+
+
+def _markers_present(functions, mla) -> tuple:
+    """The 2026-08 markers this aiter has, named."""
+    present = [f"{name}({parameter})" for name, parameter in MARKER_PARAMETERS_2026_08
+               if parameter in inspect.signature(functions[name]).parameters]
+    return tuple(present + [f"mla.{name}" for name in MARKER_FUNCTIONS_2026_08 if hasattr(mla, name)])
+
+
+def detect_generation(aiter, mla) -> tuple:
+    """(generation or None, evidence): the installed aiter's generation from its API and source, not its version.
+
+    The metadata call's parameter order gives 2025-11 or the 2026 calls; the 2026-08 markers (all or none) split
+    those; where mla_decode_fwd's source is readable its native-head rule must equal the generation's modelled one
+    (decode_native) at every (arch, heads, q_len, format) the route serves, else the generation is unknown."""
+    functions = {name: getattr(aiter, name) for name in METADATA_FUNCTIONS}
+    functions[DECODE_FUNCTION] = getattr(mla, DECODE_FUNCTION)
+    parameters = tuple(inspect.signature(functions["get_mla_metadata_v1"]).parameters)
+    generation = api_generation(parameters)
+    if generation is None:
+        return None, f"unknown get_mla_metadata_v1{parameters}"
+    if generation == API_2026_03:
+        present = _markers_present(functions, mla)
+        if len(present) == len(MARKER_PARAMETERS_2026_08) + len(MARKER_FUNCTIONS_2026_08):
+            generation = API_2026_08
+        elif present:
+            return None, f"an aiter between {API_2026_03} and {API_2026_08}: it has only {', '.join(present)}"
+    rule = decode_rule_from_source(functions[DECODE_FUNCTION])
+    if rule is None:
+        return generation, "signatures (mla_decode_fwd's native-head rule not readable)"
+    for arch in ARCHS:
+        for num_heads in HEAD_COUNTS:
+            for q_len in range(1, MAX_Q_LEN + 1):
+                for fp8 in (True, False):
+                    if rule(arch, num_heads, q_len, fp8) != decode_native(generation, arch, num_heads, q_len, fp8):
+                        return None, (f"its signatures say {generation}, but its mla_decode_fwd runs {num_heads} "
+                                      f"heads {'un' if rule(arch, num_heads, q_len, fp8) else ''}folded on {arch} "
+                                      f"({FP8 if fp8 else BF16}, q_len {q_len}), unlike the {generation} model")
+    return generation, "signatures and mla_decode_fwd's native-head rule"
+
+
 @dataclass(frozen=True)
 class Aiter:
-    """The three aiter entry points this route calls, and the API generation they belong to."""
+    """The three aiter entry points this route calls, and the generation they belong to."""
     get_mla_metadata_info_v1: object
     get_mla_metadata_v1: object
     mla_decode_fwd: object
@@ -217,7 +344,7 @@ class Aiter:
 
 
 def load_aiter() -> Aiter:
-    """Import aiter and identify its API generation; raises ImportError (with the reason) when unusable."""
+    """Import aiter and identify its generation; raises ImportError (with the reason) when unusable or unknown."""
     aiter = importlib.import_module("aiter")
     mla = importlib.import_module("aiter.mla")
     missing = [name for name in METADATA_FUNCTIONS if not hasattr(aiter, name)]
@@ -225,11 +352,9 @@ def load_aiter() -> Aiter:
         missing.append(f"mla.{DECODE_FUNCTION}")
     if missing:
         raise ImportError(f"the installed aiter lacks {', '.join(missing)}")
-    parameters = inspect.signature(aiter.get_mla_metadata_v1).parameters
-    generation = api_generation(parameters)
+    generation, evidence = detect_generation(aiter, mla)
     if generation is None:
-        raise ImportError(f"unknown aiter API: get_mla_metadata_v1{tuple(parameters)}; known generations: "
-                          f"{', '.join(API_GENERATIONS)}")
+        raise ImportError(f"unknown aiter generation: {evidence}; modelled generations: {', '.join(API_GENERATIONS)}")
     return Aiter(aiter.get_mla_metadata_info_v1, aiter.get_mla_metadata_v1, mla.mla_decode_fwd, generation)
 
 
@@ -287,7 +412,7 @@ def metadata_info_call(generation, batch, max_q_len, num_heads, q_dtype, kv_dtyp
     positional = (("batch_size", batch), ("max_seqlen_qo", max_q_len), ("num_head_qo", num_heads),
                   ("q_dtype", q_dtype), ("kv_dtype", kv_dtype))
     keywords = {"is_sparse": False, "fast_mode": fast}
-    if generation == API_2026_03:
+    if generation != API_2025_11:
         keywords.update(num_kv_splits=num_splits, intra_batch_mode=not fast)
     return AiterCall("get_mla_metadata_info_v1", positional, keywords)
 
@@ -325,7 +450,7 @@ def decode_call(generation, q, kv_buffer, out, qo_indptr, kv_indptr, kv_indices,
                 "work_info_set": work.work_info_set, "reduce_indptr": work.reduce_indptr,
                 "reduce_final_map": work.reduce_final_map, "reduce_partial_map": work.reduce_partial_map,
                 "q_scale": q_scale, "kv_scale": kv_scale}
-    if generation == API_2026_03:
+    if generation != API_2025_11:
         keywords.update(page_size=page_size, nhead_kv=NUM_KV_HEADS, intra_batch_mode=not fast)
     return AiterCall(DECODE_FUNCTION, positional, keywords)
 
@@ -470,28 +595,68 @@ def _v1_0_min_units(arch) -> int:
     return 1 if arch == V1_0_FIXED_SPLITS_ARCH else V1_0_UNITS_PER_SPLIT
 
 
-def _v1_0_heads_agree(arch, num_heads, q_dtype, kv_dtype) -> bool:
-    """v1_0 folds 32..112 heads into groups of 16 as the decode does, but treats 128 heads as native, which the decode
-    (aiter/mla.py mla_decode_fwd) does only on gfx942 with fp8 Q and KV; elsewhere it folds them, and the rows
-    v1_0 names are not the rows the decode reads."""
-    fp8 = q_dtype in _FP8_DTYPES and kv_dtype in _FP8_DTYPES
-    return num_heads != 128 or (arch == V1_0_FIXED_SPLITS_ARCH and fp8)
+def _fp8_pair(q_dtype, kv_dtype) -> bool:
+    return q_dtype in _FP8_DTYPES and kv_dtype in _FP8_DTYPES
 
 
-def metadata_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype) -> MetadataChoice:
+def v1_0_agrees(generation, arch, num_heads, max_q_len, fp8) -> bool:
+    """Whether v1_0 counts query rows as this generation's decode reads them: both fold the heads, or neither.
+    v1_0 runs 128 heads unfolded, which the decode does only on gfx942 fp8 at 8ce1117; at e4048607a5 the decode also
+    runs gfx950 fp8 32/64/128 and every gfx950 bf16 head count unfolded while v1_0 folds 32..112."""
+    return v1_0_native(num_heads) == decode_native(generation, arch, num_heads, max_q_len, fp8)
+
+
+def metadata_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype,
+                    generation=API_2026_03) -> MetadataChoice:
     """The builder and arguments for one call, from host-visible facts only (no indptr contents).
 
     max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means every
     segment has exactly max_q_len queries: the uniform case. v1_0 takes only that (it ignores qo_indptr), and only
-    head counts it folds as the decode does; everything else runs v1_2, whatever the plan's variant.
+    head counts it folds as the generation's decode does; everything else runs v1_2, whatever the plan's variant.
     """
     uniform_q_len = max_q_len if total_q == batch * max_q_len else -1
     v1_0 = (plan.variant != FAST_VARIANT and uniform_q_len > 0
-            and _v1_0_heads_agree(arch, num_heads, q_dtype, kv_dtype))
+            and v1_0_agrees(generation, arch, num_heads, max_q_len, _fp8_pair(q_dtype, kv_dtype)))
     if not v1_0:
         return MetadataChoice(True, uniform_q_len, plan.num_splits, 0)
     splits = max(plan.num_splits, V1_0_FIXED_SPLITS) if arch == V1_0_FIXED_SPLITS_ARCH else plan.num_splits
     return MetadataChoice(False, uniform_q_len, splits, _v1_0_min_units(arch))
+
+
+@functools.lru_cache(maxsize=256)   # (generation, arch, heads, variant, q_len, format, experimental): a few dozen
+def pairing_problem(generation, arch, num_heads, variant, max_q_len, kv_format, experimental=False) -> str | None:
+    """Why this (heads, variant, q_len) on this generation pairs a metadata builder with the decode in a way the model
+    does not cover, or None. A call with variant "" runs v1_0 or, where v1_0 would disagree, v1_2 (metadata_choice),
+    so every variant needs v1_2 to agree with the decode. More than 16 heads are modelled with one query per segment
+    only: folded, mla.py permutes Q (not modelled); unfolded at 2026-08, v1_2 tiles the queries by a rule
+    (mla_v12_num_qo_tiles, kPackedQoLenPerWg 64) the model lacks."""
+    name = f"aiter {generation} on {arch}: {num_heads} heads, variant {variant!r}, q_len {max_q_len}, {kv_format}"
+    if generation == API_2025_11 and (num_heads != HEAD_GROUP or variant != FAST_VARIANT):
+        return f"{name}: the 2025-11 wheel's builders are not modelled (only its 16-head fast path is assumed)"
+    if generation == API_2026_08 and experimental:
+        return f"{name}: {EXPERIMENTAL_ENV} is set, which switches kernels and cluster counts the model does not cover"
+    fp8 = kv_format == "fp8"
+    decode = decode_native(generation, arch, num_heads, max_q_len, fp8)
+    if v1_2_native(generation, arch, num_heads, max_q_len, fp8) != decode:
+        return f"{name}: v1_2 and the decode fold the heads differently"
+    if num_heads > HEAD_GROUP and max_q_len > 1:   # folded: mla.py permutes Q; unfolded at 2026-08: new qo tiling
+        return f"{name}: more than {HEAD_GROUP} heads are modelled with one query per segment only"
+    return None
+
+
+def _experimental() -> bool:
+    """aiter's reading of its experimental switch (jit/core.py is_experimental_enabled: an integer other than 0)."""
+    value = os.environ.get(EXPERIMENTAL_ENV, "0")
+    return value.strip().lstrip("-").isdigit() and int(value) != 0
+
+
+def plan_problem(plan, arch, num_heads, max_q_len) -> str | None:
+    """Why the installed aiter cannot serve this plan as modelled (api routes it to the next backend), or None;
+    None too when aiter is not usable at all (available() says why)."""
+    lib, _ = _probe()
+    if lib is None:
+        return None
+    return pairing_problem(lib.generation, arch, num_heads, plan.variant, max_q_len, plan.kv_format, _experimental())
 
 
 def layout_problem(plan, arch, kv_lens) -> str | None:
@@ -580,18 +745,21 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     if workspace is None or workspace.capacity < batch + 1:
         workspace = make_workspace(plan, batch, num_heads, q.device)
     qo_indptr, kv_indptr = guard_indptr(qo_indptr, kv_indptr, q.shape[0], kv.shape[0], workspace)
-    if num_heads > HEAD_GROUP and not (max_q_len == 1 and q.shape[0] == batch):
-        raise ValueError(f"aiter runs {num_heads} heads by folding them into groups of {HEAD_GROUP}, which needs "
-                         f"exactly one query per segment (got {q.shape[0]} queries for {batch} segments, "
-                         f"max_q_len {max_q_len})")
+    arch = _arch(q.device)
+    problem = pairing_problem(lib.generation, arch, num_heads, plan.variant, max_q_len, kv_format, _experimental())
+    if problem is not None:
+        raise ValueError(problem)
+    if num_heads > HEAD_GROUP and q.shape[0] != batch:
+        raise ValueError(f"aiter route: {num_heads} heads are served with exactly one query per segment (got "
+                         f"{q.shape[0]} queries for {batch} segments)")
 
     if kv_format == "fp8":
         kv_scale = kv_cache[1]
         q_in, q_scale = quantize_q_per_tensor(q, kv.dtype)
     else:
         q_in, q_scale, kv_scale = q, None, None
-    arch = _arch(q.device)
-    choice = metadata_choice(plan, arch, q.shape[0], batch, max_q_len, num_heads, q_in.dtype, kv.dtype)
+    choice = metadata_choice(plan, arch, q.shape[0], batch, max_q_len, num_heads, q_in.dtype, kv.dtype,
+                             lib.generation)
     kv_buffer = kv.view(kv.shape[0] // page_size, page_size, NUM_KV_HEADS, kv.shape[-1])
     kv_indices = _arange(kv.device, kv_buffer.shape[0])
     kv_page_indptr, kv_last_page_lens = page_tables(kv_indptr, page_size)

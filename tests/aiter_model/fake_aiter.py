@@ -16,6 +16,7 @@ The decode's reading of a work item is our stated ASSUMPTION, from aiter's docum
 Rows no item writes, and rows that see no key, come out NaN: aiter leaves them undefined.
 Anything the real code would do out of bounds, or divide by zero, raises metadata.ModelError.
 """
+import inspect
 import sys
 import types
 
@@ -37,8 +38,9 @@ def dtype_name(dtype) -> str:
 class Recorder:
     """What the fake saw: the model's Metadata per metadata call, the buffers written, the decode calls."""
 
-    def __init__(self, device: metadata.Device):
+    def __init__(self, device: metadata.Device, generation=metadata.GENERATION_PINNED):
         self.device = device
+        self.generation = generation   # whose builders' fold rules and buffer sizes the fake runs
         self.metadata = []             # metadata.Metadata of each metadata call
         self.indptr = []               # (qo, kv) contents each metadata call was given, as lists
         self.metadata_snapshots = []   # work_info_set rows as written by each call
@@ -64,7 +66,8 @@ def write_metadata(rec: Recorder, qo_indptr, kv_indptr, kv_last_page_lens, heads
         return
     result = metadata.build(rec.device, qo_indptr.tolist(), kv_indptr.tolist(),
                             kv_last_page_lens.tolist() if kv_last_page_lens is not None else [],
-                            heads_per_k, heads_k, reduce_indptr_size=reduce_indptr.numel(), **kw)
+                            heads_per_k, heads_k, reduce_indptr_size=reduce_indptr.numel(),
+                            generation=rec.generation, **kw)
     rec.metadata.append(result)
     _store(work_info_set, [item.ints() for item in result.work] or [[0] * WORK_INFO_FIELDS], "work_info_set")
     _store(work_indptr, result.work_indptr, "work_indptr")
@@ -74,11 +77,71 @@ def write_metadata(rec: Recorder, qo_indptr, kv_indptr, kv_last_page_lens, heads
     rec.metadata_snapshots.append(work_info_set[:len(result.work)].clone())
 
 
-def natively_supported(device: metadata.Device, num_heads, q_dtype, kv_dtype, max_seqlen_q) -> bool:
-    """mla.py mla_decode_fwd, persistent branch (~288-308): head counts a kernel handles without folding."""
-    fp8 = q_dtype in metadata.FP8_DTYPES and kv_dtype in metadata.FP8_DTYPES
-    return (num_heads == 16 or (device.arch == "gfx942" and num_heads == 128 and fp8)
-            or (device.arch == "gfx950" and num_heads == 32 and fp8 and max_seqlen_q == 4))
+class _Fp8:
+    """aiter's dtypes.fp8: the device's fp8 type; the fake takes either (the CPU tests quantise to e4m3fn)."""
+
+    def __eq__(self, other):
+        return dtype_name(other) in metadata.FP8_DTYPES
+
+    __hash__ = object.__hash__
+
+
+def _dtypes():
+    return types.SimpleNamespace(fp8=_Fp8(), bf16=torch.bfloat16)
+
+
+# The decodes' native-head rules, each written as aiter's mla.py writes its own (an `if` over nhead, max_seqlen_q,
+# q.dtype, kv_buffer.dtype and get_gfx() whose body is `pass`): aiter_mla.detect_generation reads that `if` from the
+# installed decode's source, so these fakes are detected as the generation whose rule they state.
+
+def _unfolded_pinned(nhead, max_seqlen_q, q, kv_buffer, dtypes, get_gfx):
+    """mla.py at 8ce1117, persistent branch ~288-304."""
+    if (nhead == 16 or (get_gfx() == "gfx942" and nhead == 128 and q.dtype == dtypes.fp8
+                        and kv_buffer.dtype == dtypes.fp8)
+            or (get_gfx() == "gfx950" and nhead == 32 and q.dtype == dtypes.fp8 and kv_buffer.dtype == dtypes.fp8
+                and max_seqlen_q == 4)):
+        pass
+    else:
+        return False
+    return True
+
+
+def _unfolded_head(nhead, max_seqlen_q, q, kv_buffer, dtypes, get_gfx):
+    """mla.py at e4048607a5, persistent branch ~761-816 (experimental kernels off; the 8-head cases left out)."""
+    if (nhead == 16 or (get_gfx() == "gfx942" and nhead == 128 and q.dtype == dtypes.fp8
+                        and kv_buffer.dtype == dtypes.fp8)
+            or (get_gfx() == "gfx950" and q.dtype == dtypes.fp8 and kv_buffer.dtype == dtypes.fp8
+                and nhead in (32, 64, 128))
+            or (get_gfx() == "gfx942" and nhead == 64 and q.dtype == dtypes.fp8 and kv_buffer.dtype == dtypes.fp8
+                and max_seqlen_q == 1)
+            or (get_gfx() == "gfx950" and q.dtype == dtypes.bf16 and kv_buffer.dtype == dtypes.bf16)):
+        pass
+    else:
+        return False
+    return True
+
+
+def _unfolded_unknown(nhead, max_seqlen_q, q, kv_buffer, dtypes, get_gfx):
+    """A decode of no modelled generation: HEAD's rule without gfx950 bf16 (as if a later aiter dropped it)."""
+    if (nhead == 16 or (get_gfx() == "gfx942" and nhead == 128 and q.dtype == dtypes.fp8
+                        and kv_buffer.dtype == dtypes.fp8)
+            or (get_gfx() == "gfx950" and q.dtype == dtypes.fp8 and kv_buffer.dtype == dtypes.fp8
+                and nhead in (32, 64, 128))
+            or (get_gfx() == "gfx942" and nhead == 64 and q.dtype == dtypes.fp8 and kv_buffer.dtype == dtypes.fp8
+                and max_seqlen_q == 1)):
+        pass
+    else:
+        return False
+    return True
+
+
+UNFOLDED_RULES = {metadata.GENERATION_PINNED: _unfolded_pinned, metadata.GENERATION_HEAD: _unfolded_head}
+
+
+def natively_supported(rec: "Recorder", num_heads, q, kv_buffer, max_seqlen_q, rule=None) -> bool:
+    """Whether the fake decode of rec's generation runs these heads unfolded (rule: its mla.py condition)."""
+    rule = rule or UNFOLDED_RULES[rec.generation]
+    return rule(num_heads, max_seqlen_q, q, kv_buffer, _dtypes(), lambda: rec.device.arch)
 
 
 def _check_range(lo, hi, size, what):
@@ -88,11 +151,12 @@ def _check_range(lo, hi, size, what):
 
 def emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size,
                     sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map, q_scale,
-                    kv_scale):
+                    kv_scale, unfolded=None):
+    """unfolded: whether the caller's decode runs q's heads unfolded (None: rec's generation's rule)."""
     assert kv_buffer.dim() == 4 and kv_buffer.shape[1] == page_size
-    num_heads = q.shape[1]
-    if not natively_supported(rec.device, num_heads, dtype_name(q.dtype), dtype_name(kv_buffer.dtype),
-                              max_seqlen_q):
+    if unfolded is None:
+        unfolded = natively_supported(rec, q.shape[1], q, kv_buffer, max_seqlen_q)
+    if not unfolded:
         if max_seqlen_q != 1:
             raise metadata.ModelError("folded heads with max_seqlen_q > 1 (a permuted view) are not modelled")
         q, o_view = q.reshape(-1, 16, q.shape[-1]), o.view(-1, 16, o.shape[-1])
@@ -165,7 +229,7 @@ def _reduce(result, partials, reduce_indptr, final_map, partial_map):
 def _info(rec, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, fast_mode, num_kv_splits,
           intra_batch_mode):
     rows = metadata.info_sizes(rec.device, batch_size, max_seqlen_qo, num_head_qo, dtype_name(q_dtype),
-                               dtype_name(kv_dtype), fast_mode, num_kv_splits, intra_batch_mode)
+                               dtype_name(kv_dtype), fast_mode, num_kv_splits, intra_batch_mode, rec.generation)
     shapes = ((rows[0],), (rows[1],), (rows[2], WORK_INFO_FIELDS), (rows[3],), (rows[4], 2), (rows[5],))
     dtypes = (torch.uint64, torch.int32, torch.int32, torch.int32, torch.int32, torch.int32)
     return tuple(zip(shapes, dtypes))
@@ -200,7 +264,77 @@ def aiter_2026_03(rec):
                         sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
                         q_scale, kv_scale)
 
-    return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
+    return get_mla_metadata_info_v1, get_mla_metadata_v1, _with_rule_source(mla_decode_fwd, _unfolded_pinned)
+
+
+def _with_rule_source(decode, rule):
+    """The fake decode as detect_generation sees it: its own signature (__signature__), and `rule`'s source as its
+    source (inspect.getsource follows __wrapped__, inspect.signature stops at __signature__)."""
+    decode.__signature__ = inspect.signature(decode)
+    decode.__wrapped__ = rule
+    return decode
+
+
+def _decode_2026_08(rec, rule):
+    """mla_decode_fwd at e4048607a5 (its signature), deciding unfolded heads by `rule`'s mla.py condition."""
+    def mla_decode_fwd(q, kv_buffer, o, qo_indptr, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
+                       page_size=1, nhead_kv=1, sm_scale=None, logit_cap=0.0, num_kv_splits=None,
+                       num_kv_splits_indptr=None, work_meta_data=None, work_indptr=None, work_info_set=None,
+                       reduce_indptr=None, reduce_final_map=None, reduce_partial_map=None, q_scale=None,
+                       kv_scale=None, intra_batch_mode=False, return_logits=False, return_lse=False,
+                       g_kv_indptr=None, cp_world_size=1, cp_rank=0, causal=True):
+        # mla.py ~578-589: with num_kv_splits None it may leave persistent mode; the route always passes it
+        assert work_meta_data is not None and num_kv_splits is not None, "persistent mode expected"
+        emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q, page_size,
+                        sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
+                        q_scale, kv_scale, natively_supported(rec, q.shape[1], q, kv_buffer, max_seqlen_q, rule))
+
+    return _with_rule_source(mla_decode_fwd, rule)
+
+
+def aiter_2026_08(rec, rule=_unfolded_head):
+    """The three functions at e4048607a5: HEAD's signatures, fold rules and buffer sizes (the pinned walk)."""
+    rec.generation = metadata.GENERATION_HEAD
+
+    def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
+                                 fast_mode=True, num_kv_splits=32, intra_batch_mode=False, max_split_per_batch=-1):
+        return _info(rec, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, fast_mode, num_kv_splits,
+                     intra_batch_mode)
+
+    def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
+                            num_heads_k, is_causal, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
+                            reduce_final_map, reduce_partial_map, page_size=1, kv_granularity=16, max_seqlen_qo=-1,
+                            uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
+                            intra_batch_mode=False, is_cp_round_robin=False, mla_version=0, dtype_q_nope=None,
+                            dtype_q_rope=None, dtype_kv_nope=None, dtype_kv_rope=None, dtype_q=None, dtype_kv=None):
+        write_metadata(rec, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
+                       num_heads_k, (work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map),
+                       page_size=page_size, kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
+                       uni_seqlen_qo=uni_seqlen_qo, fast_mode=fast_mode, max_split_per_batch=max_split_per_batch,
+                       intra_batch_mode=intra_batch_mode, q_dtype=dtype_name(dtype_q_nope or dtype_q),
+                       kv_dtype=dtype_name(dtype_kv_nope or dtype_kv), topk=topk)
+
+    return get_mla_metadata_info_v1, get_mla_metadata_v1, _decode_2026_08(rec, rule)
+
+
+def aiter_unknown_rule(rec):
+    """HEAD's signatures with a decode whose native-head rule no modelled generation has."""
+    return aiter_2026_08(rec, _unfolded_unknown)
+
+
+def aiter_between(rec):
+    """An aiter between the two modelled commits: the pinned signatures, plus HEAD's CP parameter in the metadata
+    call (one 2026-08 marker of four)."""
+    info, _, decode = aiter_2026_03(rec)
+
+    def get_mla_metadata_v1(seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
+                            num_heads_k, is_causal, work_metadata_ptrs, work_info_set, work_indptr, reduce_indptr,
+                            reduce_final_map, reduce_partial_map, page_size=1, kv_granularity=16, max_seqlen_qo=-1,
+                            uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
+                            intra_batch_mode=False, is_cp_round_robin=False, dtype_q=None, dtype_kv=None):
+        raise AssertionError("an unknown generation must not be called")
+
+    return info, get_mla_metadata_v1, decode
 
 
 def aiter_2025_11(rec):
@@ -227,10 +361,15 @@ def aiter_2025_11(rec):
                        work_meta_data=None, work_indptr=None, work_info_set=None, reduce_indptr=None,
                        reduce_final_map=None, reduce_partial_map=None, q_scale=None, kv_scale=None):
         emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_lens, max_seqlen_q,
-                        kv_buffer.shape[1], sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map, reduce_partial_map,
-                        q_scale, kv_scale)
+                        kv_buffer.shape[1], sm_scale, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
+                        reduce_partial_map, q_scale, kv_scale)
 
     return get_mla_metadata_info_v1, get_mla_metadata_v1, mla_decode_fwd
+
+
+def _persistent_gate(*args):
+    """aiter.mla._use_persistent_mla_decode at HEAD (mla.py ~401-423), present as a 2026-08 marker."""
+    raise AssertionError("the route passes num_kv_splits, so aiter never consults its batch gate")
 
 
 def install(monkeypatch, factory, device: metadata.Device) -> Recorder:
@@ -240,6 +379,8 @@ def install(monkeypatch, factory, device: metadata.Device) -> Recorder:
     aiter = types.ModuleType("aiter")
     mla = types.ModuleType("aiter.mla")
     aiter.get_mla_metadata_info_v1, aiter.get_mla_metadata_v1, mla.mla_decode_fwd = info, build, decode
+    if "cp_world_size" in inspect.signature(decode).parameters:
+        mla._use_persistent_mla_decode = _persistent_gate
     aiter.mla = mla
     monkeypatch.setitem(sys.modules, "aiter", aiter)
     monkeypatch.setitem(sys.modules, "aiter.mla", mla)

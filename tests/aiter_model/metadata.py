@@ -34,6 +34,14 @@ hardware settles (docs/aiter.md).
 from dataclasses import dataclass, replace
 
 PINNED_COMMIT = "8ce111717f7df3523f487fc2a11fa569cd3efaae"
+# aiter's HEAD when read (2026-08-22). What changed for the route, modelled here: v1_2's fold rule (which head counts
+# it counts unfolded, v1_2_device.cuh ~855-885) and get_mla_metadata_info_v1's sizes (attention.py ~1136-1280); v1_0
+# is unchanged (v1_0_device.cuh: ck_tile -> opus, torch -> aiter_tensor_t only). NOT modelled: v1_2's rewritten
+# walk (~359-690) and its parallel fill (~92-357, on by default for one query per segment): build_v1_2 runs the
+# pinned commit's walk over HEAD's fold rule, so a HEAD model run checks row agreement, not HEAD's split pieces.
+HEAD_COMMIT = "e4048607a5"
+GENERATION_PINNED = "2026-03"       # the generation names of mixed_mla.backends.aiter_mla
+GENERATION_HEAD = "2026-08"
 WORK_INFO_INTS = 8                  # mla.h MlaWorkInfo: batch_idx, partial_qo_loc, qo_start, qo_end, kv_start,
                                     # kv_end, kv_offset, padding
 PACKED_QO_LEN_PER_WG = 128          # v1_0 and v1_2 host functions: kPackedQoLenPerWg
@@ -113,9 +121,12 @@ def _ceil_div_pow2(a: int, b: int) -> int:
 # ---- buffer sizes: aiter/ops/attention.py get_mla_metadata_info_v1 (~794-860) ----
 
 def info_sizes(device: Device, batch_size, max_seqlen_qo, num_head_qo, q_dtype: str, kv_dtype: str, fast_mode,
-               num_kv_splits, intra_batch_mode):
+               num_kv_splits, intra_batch_mode, generation=GENERATION_PINNED):
     """Rows of (work_metadata_ptrs, work_indptr, work_info_set, reduce_indptr, reduce_final_map,
     reduce_partial_map), non-sparse."""
+    if generation == GENERATION_HEAD:
+        return _head_info_sizes(device, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, fast_mode,
+                                num_kv_splits, intra_batch_mode)
     native_tiles = num_head_qo == 16 or (device.arch == "gfx942" and num_head_qo == 128
                                          and q_dtype in FP8_DTYPES and kv_dtype in FP8_DTYPES)
     per_tile = PACKED_QO_LEN_PER_WG if native_tiles else 16
@@ -132,12 +143,63 @@ def info_sizes(device: Device, batch_size, max_seqlen_qo, num_head_qo, q_dtype: 
     return 2, cu + 1, work, tile_cnt + 1, tile_cnt, partial
 
 
+def _head_info_sizes(device, batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, fast_mode, num_kv_splits,
+                     intra_batch_mode):
+    """get_mla_metadata_info_v1 at HEAD (attention.py ~1136-1280), experimental kernels off (occupancy 1, so the
+    split bound is the CU count, ~1100-1130), one query row packing per the chain of ~1160-1225."""
+    fp8 = q_dtype in FP8_DTYPES and kv_dtype in FP8_DTYPES
+    bf16 = not (q_dtype in FP8_DTYPES or kv_dtype in FP8_DTYPES)
+    packed = max_seqlen_qo * num_head_qo
+    tiles = -(-packed // 16)
+    gfx950 = device.arch == "gfx950"
+    if (gfx950 and bf16 and packed >= 64 and num_head_qo <= 64 and (packed < 128 or num_head_qo == 48)) or (
+            gfx950 and fp8 and num_head_qo == 32 and max_seqlen_qo == 3):
+        tiles = max_seqlen_qo if num_head_qo * 2 > 64 else -(-packed // 64)
+    elif (num_head_qo == 16 or (device.arch == "gfx942" and num_head_qo == 128 and fp8)
+          or (gfx950 and fp8 and ((num_head_qo == 32 and max_seqlen_qo == 4) or num_head_qo in (64, 128)))
+          or (num_head_qo == 64 and fp8 and max_seqlen_qo == 1)):
+        tiles = -(-packed // 128)
+    elif gfx950 and (packed >= 128 or num_head_qo > 64) and bf16 and num_head_qo != 48:
+        tiles = max_seqlen_qo if num_head_qo * 2 > 128 else -(-packed // 128)
+    tile_cnt = batch_size * tiles
+    max_splits = device.num_cu
+    if intra_batch_mode:
+        return 2, max_splits + 1, tile_cnt * num_kv_splits, tile_cnt + 1, tile_cnt, tile_cnt * num_kv_splits
+    if fast_mode:
+        work = (batch_size + max_splits - 1) * tiles
+        partial = min(batch_size + max_splits - 1, (max_splits - 1) * 2) * tiles
+    else:
+        work = partial = tile_cnt * max_splits
+    return 2, max_splits + 1, work, tile_cnt + 1, tile_cnt, partial
+
+
+def v1_2_unfolded(generation, arch, heads, max_seqlen_qo, q8, kv8) -> bool:
+    """Whether v1_2 counts this head count's rows unfolded (native). Pinned: v1_2 ~459-462; HEAD: v1_2 ~855-863
+    (natively_supported, AITER_ENABLE_EXPERIMENTAL unset)."""
+    if generation == GENERATION_HEAD:
+        fp8, bf16 = q8 and kv8, not q8 and not kv8
+        return (heads == 16 or (heads == 64 and fp8 and max_seqlen_qo == 1) or (arch == "gfx950" and bf16)
+                or (arch == "gfx942" and heads == 128 and fp8)
+                or (arch == "gfx950" and fp8 and heads in (32, 64, 128)))
+    return (heads == 16 or (arch == "gfx950" and heads == 32 and q8 and kv8 and max_seqlen_qo == 4)
+            or (arch == "gfx942" and heads == 128 and q8 and kv8))
+
+
+def _v1_2_serves(generation, arch, heads, max_seqlen_qo, q8, kv8) -> bool:
+    """v1_2's check after folding (pinned ~471-475; HEAD ~872-885, the 8-head cases left out: the route never asks)."""
+    fp8 = q8 and kv8
+    if generation == GENERATION_HEAD:
+        return (heads in (16, 128) or (heads == 32 and fp8) or (heads == 64 and fp8 and max_seqlen_qo == 1)
+                or (arch == "gfx950" and not q8 and not kv8) or (arch == "gfx950" and fp8 and heads == 64))
+    return heads in (16, 128) or (heads == 32 and fp8)
+
+
 # ---- which builder: metadata.cu get_mla_metadata_v1 (~86-149) ----
 
 def build(device: Device, qo_indptr: list, kv_indptr: list, kv_last_page_lens: list, num_heads_per_head_k,
           num_heads_k, page_size, kv_granularity, max_seqlen_qo, uni_seqlen_qo, fast_mode, max_split_per_batch,
           intra_batch_mode, q_dtype: str, reduce_indptr_size: int, kv_dtype: str = "bfloat16",
-          topk=-1) -> Metadata:
+          topk=-1, generation=GENERATION_PINNED) -> Metadata:
     if kv_granularity & (kv_granularity - 1) or page_size & (page_size - 1):   # metadata.cu ~66-69 TORCH_CHECKs
         raise ModelError("kv_granularity and page_size must be powers of two")
     if topk >= 0:
@@ -145,7 +207,7 @@ def build(device: Device, qo_indptr: list, kv_indptr: list, kv_last_page_lens: l
     if fast_mode:
         return build_v1_2(device, qo_indptr, kv_indptr, kv_last_page_lens, num_heads_per_head_k, num_heads_k,
                           page_size, kv_granularity, max_seqlen_qo, uni_seqlen_qo, max_split_per_batch, q_dtype,
-                          kv_dtype, reduce_indptr_size)
+                          kv_dtype, reduce_indptr_size, generation)
     if intra_batch_mode:
         return build_v1_0(device, kv_indptr, num_heads_per_head_k, num_heads_k, kv_granularity, uni_seqlen_qo,
                           max_split_per_batch, q_dtype, reduce_indptr_size)
@@ -286,18 +348,17 @@ class _Queries:
 
 
 def _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, g, max_seqlen_qo, ori_uni,
-                 max_split_per_batch, q_dtype, kv_dtype):
+                 max_split_per_batch, q_dtype, kv_dtype, generation=GENERATION_PINNED):
     num_cu = device.num_cu // heads_k
     heads = heads_k * heads_per_k
     batches = len(kv_indptr) - 1
     q8, kv8 = q_dtype in FP8_DTYPES, kv_dtype in FP8_DTYPES
-    native = (heads == 16 or (device.arch == "gfx950" and heads == 32 and q8 and kv8 and max_seqlen_qo == 4)
-              or (device.arch == "gfx942" and heads == 128 and q8 and kv8))          # (~459-462)
+    native = v1_2_unfolded(generation, device.arch, heads, max_seqlen_qo, q8, kv8)  # (~459-462)
     ratio = 1
     if not native and heads % 16 == 0:                                                # (~464-469)
         ratio, heads = heads // 16, 16
         batches *= ratio
-    if not (heads in (16, 128) or (heads == 32 and q8 and kv8)):                      # (~471-475)
+    if not _v1_2_serves(generation, device.arch, heads, max_seqlen_qo, q8, kv8):     # (~471-475)
         raise ModelError(f"v1_2 does not support {heads} heads with these dtypes")
     splits = num_cu if max_split_per_batch < 0 else min(num_cu, max_split_per_batch * batches)   # (~477-479)
     kernel_heads = heads if (not native and q8 and kv8) else heads_k * heads_per_k     # fold_to_qh16 (~481, ~494)
@@ -316,11 +377,12 @@ def _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, 
 
 
 def build_v1_2(device, qo_indptr, kv_indptr, kv_last_page_lens, heads_per_k, heads_k, page_size, g,
-               max_seqlen_qo, ori_uni, max_split_per_batch, q_dtype, kv_dtype, reduce_indptr_size) -> Metadata:
+               max_seqlen_qo, ori_uni, max_split_per_batch, q_dtype, kv_dtype, reduce_indptr_size,
+               generation=GENERATION_PINNED) -> Metadata:
     """kn_get_mla_metadata_v1_2 (v1_2 ~24-380): CU parts take work in segment order, each up to `payload` KV
     blocks plus a fixed overhead per item; a segment that does not fit is split, its pieces merged later."""
     p, queries = _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, g, max_seqlen_qo,
-                              ori_uni, max_split_per_batch, q_dtype, kv_dtype)
+                              ori_uni, max_split_per_batch, q_dtype, kv_dtype, generation)
     walk = _FastWalk(p, queries, kv_indptr, kv_last_page_lens)
     work_indptr = [0]
     for _ in range(p.num_cu):
