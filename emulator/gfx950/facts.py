@@ -37,6 +37,7 @@ class Fact:
 
 EVERY_VARIANT = ("*:*",)
 MXFP4_VARIANTS = ("mxfp4:*",)
+FUSED_VARIANTS = ("fp8:fused_*",)   # hip_gfx950.FUSED: the fused split+merge kernels (fp8 only)
 FP8_VARIANTS = ("fp8:*",)
 
 
