@@ -61,7 +61,7 @@ def test_a_fused_plan_passes_its_zeroed_counters_and_the_lse(recorder, make_case
     hip_gfx950.run(case.q, case.cache("fp8"), "fp8", case.qo_indptr, case.kv_indptr, out, plan, 0.1, 1,
                    workspace=workspace, lse=lse)
     (call,) = recorder.calls
-    assert call[9] is workspace.arrivals and not workspace.arrivals.any() and call[10] is lse
+    assert call[9] is workspace.split_counters and not workspace.split_counters.any() and call[10] is lse
     assert call[11:15] == (3, 2, True, KV_FORMAT_CODES["fp8"])
 
 

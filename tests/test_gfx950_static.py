@@ -82,9 +82,9 @@ def test_fused_variants_are_opt_in_fp8_only_and_get_counters():
     assert all(hip_gfx950.SPEC.variant_formats[v] == ("fp8",) for v in hip_gfx950.FUSED)
     assert hip_gfx950.SPEC.lse
     fused, plain = (Plan(backend="hip_gfx950", kv_format="fp8", num_splits=4, variant=v) for v in ("fused_occ2", "occ2"))
-    assert hip_gfx950.make_workspace(fused, 5, 32, "cpu").arrivals.tolist() == [0] * 10   # rows x head groups
-    assert hip_gfx950.make_workspace(plain, 5, 32, "cpu").arrivals.numel() == 0
-    assert hip_gfx950.make_workspace(replace(fused, num_splits=1), 5, 32, "cpu").arrivals.numel() == 0
+    assert hip_gfx950.make_workspace(fused, 5, 32, "cpu").split_counters.tolist() == [0] * 10   # rows x head groups
+    assert hip_gfx950.make_workspace(plain, 5, 32, "cpu").split_counters.numel() == 0
+    assert hip_gfx950.make_workspace(replace(fused, num_splits=1), 5, 32, "cpu").split_counters.numel() == 0
     with pytest.raises(ValueError, match="fused_occ2.*fp8"):
         hip_gfx950.run(None, (None, None), "mxfp4", None, None, None, fused, 1.0, 1)
 

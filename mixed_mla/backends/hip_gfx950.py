@@ -32,7 +32,7 @@ compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.s
 import fnmatch
 import functools
 import os
-from typing import NamedTuple
+from dataclasses import replace
 
 import torch
 
@@ -88,30 +88,30 @@ def declared_variants(fused_opted_in: bool) -> tuple:
     return two_kernel + (tuple(FUSED) if fused_opted_in else ())
 
 
-class Workspace(NamedTuple):
-    """cuda_sm90.Workspace's split buffers and flag, plus the fused variants' arrival counters."""
-    splits: int
-    partial_out: torch.Tensor
-    partial_lse: torch.Tensor
-    max_total_q: int
-    error_flag: torch.Tensor
-    arrivals: torch.Tensor      # int32 (max_total_q * H / 16,) zeros for a fused plan that splits, else empty
+def _sm90_layout_plan(plan):
+    """The plan cuda_sm90's workspace layout sizes ours by: a fused variant's arrival counters are the fused
+    merge's counters there (the same head region of the buffer, zeroed once and left zero by every call)."""
+    return replace(plan, fused=plan.variant in FUSED)
 
 
-def make_workspace(plan, max_total_q: int, num_heads: int, device) -> Workspace:
-    """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan). The
-    counters start zero and every fused call leaves them zero (fused_merge.h)."""
-    split = cuda_sm90.make_workspace(plan, max_total_q, num_heads, device)
-    counters = max_total_q * (num_heads // HEAD_GROUP) if plan.variant in FUSED and split.splits > 1 else 0
-    return Workspace(*split, torch.zeros(counters, dtype=torch.int32, device=device))
+def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> cuda_sm90.Workspace:
+    """Buffers for `plan` with up to max_total_q query rows, in cuda_sm90's layout (the caller's `buffer` or one
+    made here); split_counters are the fused variants' arrival counters (fused_merge.h)."""
+    return cuda_sm90.make_workspace(_sm90_layout_plan(plan), max_total_q, num_heads, device, buffer)
 
 
+def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
+    """cuda_sm90.workspace_bytes of our plan (None: the most any plan needs)."""
+    return cuda_sm90.workspace_bytes(None if plan is None else _sm90_layout_plan(plan), max_total_q, num_heads)
+
+
+_VARIANTS = declared_variants(os.environ.get(FUSED_OPT_IN) == "1")
 SPEC = BackendSpec(
     name="hip_gfx950", archs=(ARCH,), formats=FORMATS, fastest_format="fp8",
-    num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0),
-    variants=declared_variants(os.environ.get(FUSED_OPT_IN) == "1"),
-    variant_formats={v: FUSED_FORMATS for v in FUSED}, kernel_dir=KERNEL_DIR,
-    serves=lambda kv_format: kv_format in served_formats(), workspace=make_workspace, lse=True)
+    num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0), variants=_VARIANTS,
+    variant_formats={v: FUSED_FORMATS for v in FUSED if v in _VARIANTS}, kernel_dir=KERNEL_DIR,
+    serves=lambda kv_format: kv_format in served_formats(), workspace=make_workspace,
+    workspace_bytes=workspace_bytes, lse=True)
 # ---- end of the backend declaration ----
 
 
@@ -157,5 +157,5 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     kv_bytes = as_uint8(data).reshape(-1, ROW_BYTES[kv_format])
     aux = aux if kv_format == "fp8" else as_uint8(aux)
     _module().forward(q, kv_bytes, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
-                      workspace.error_flag, workspace.arrivals, lse, workspace.splits,
+                      workspace.error_flag, workspace.split_counters, lse, workspace.splits,
                       (FUSED if fused else OCCUPANCY)[variant], fused, KV_FORMAT_CODES[kv_format], float(sm_scale))
