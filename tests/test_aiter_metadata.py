@@ -469,7 +469,7 @@ def test_head_generation_serves_unfolded_heads_right(monkeypatch, kv_format, hea
     rec = _head_fake(monkeypatch)
     case = Case((1700, 2100, 1800), heads=heads)
     assert _served_error(case, kv_format, _plan(kv_format=kv_format, variant=variant)) < \
-        exact.STRICT_BOUND[kv_format]
+        exact.STRICT_BOUND[(kv_format, "aiter")]
     assert rec.metadata[-1].builder == ("v1_0" if variant == "" and heads == 128 else "v1_2")
     assert rec.metadata[-1].qk_batch_ratio == 1
 
@@ -486,7 +486,7 @@ def test_pinned_rules_on_a_head_aiter_are_wrong(monkeypatch):
         error = _served_error(case, "fp8", _plan())
     except ModelError:
         return
-    assert not error < exact.STRICT_BOUND["fp8"]
+    assert not error < exact.STRICT_BOUND[("fp8", "aiter")]
 
 
 @pytest.mark.parametrize("generation, heads, variant, q_len, env, refused", [

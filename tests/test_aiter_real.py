@@ -110,7 +110,7 @@ def test_real_aiter_more_heads_match_exact_attention(name, heads, kv_format, var
         pytest.skip("refused by the route for this builder / generation (see tests/test_aiter_metadata.py)")
     out, (q, cache, qo, kvp) = result
     error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE)
-    assert error < exact.STRICT_BOUND[kv_format], error
+    assert error < exact.STRICT_BOUND[(kv_format, "aiter")], error
 
 
 @pytest.mark.parametrize("variant", ["", "fast"])
