@@ -16,7 +16,7 @@ import torch
 
 import mixed_mla
 from mixed_mla import api, backends, exact, paged
-from mixed_mla.backends import cuda_sm90
+from mixed_mla.backends import cuda_sm90, hip_gfx950
 from mixed_mla.constants import DEFAULT_SM_SCALE, MAX_SPLITS
 from mixed_mla.planner import Plan
 
@@ -38,9 +38,10 @@ def byte_range(view, buffer):
     return start, start + view.numel() * view.element_size()
 
 
-def assert_strict(out, q, cache, kv_format, qo_indptr, kv_indptr):
-    passed, err, bound = exact.check_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, DEFAULT_SM_SCALE)
-    assert passed, f"relative L2 {err:.2e} above the {kv_format} bound {bound}"
+def assert_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, path):
+    """`path`: the backend that made `out` (its bound, exact.STRICT_BOUND)."""
+    passed, err, bound = exact.check_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, DEFAULT_SM_SCALE, path)
+    assert passed, f"relative L2 {err:.2e} above the {kv_format} bound {bound} of {path}"
 
 
 def overlaps(a, b):
@@ -142,7 +143,7 @@ def test_two_plans_share_one_buffer_and_stay_exact(make_case, sm90_layout_on_tor
     for step in range(6):
         case, planned = (small, plans[0]) if step % 2 == 0 else (large, plans[1])
         out = planned.run(case.q, case.kv_bf16, case.qo_indptr, case.kv_indptr)
-        assert_strict(out, case.q, case.kv_bf16, "bf16", case.qo_indptr, case.kv_indptr)
+        assert_strict(out, case.q, case.kv_bf16, "bf16", case.qo_indptr, case.kv_indptr, "torch")
     other = plans[1].run(large.q, large.kv_bf16, large.qo_indptr, large.kv_indptr)   # negative: another case's answer
     assert exact.strict_error(other[:3], small.q, small.kv_bf16, "bf16", small.qo_indptr, small.kv_indptr,
                               DEFAULT_SM_SCALE) > 0.3
@@ -156,7 +157,7 @@ def test_a_paged_plan_carves_the_same_buffer(sm90_layout_on_torch):
     planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16, backend="torch",
                                workspace=buffer)
     assert planned.workspace.split_counters.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
-    assert_strict(planned.run(q, cache, qo, table, lens), q, contiguous, "fp8", qo, kvi)
+    assert_strict(planned.run(q, cache, qo, table, lens), q, contiguous, "fp8", qo, kvi, "torch")
     with pytest.raises(ValueError, match=f"needs {planned.workspace_bytes}"):
         paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16, backend="torch",
                          workspace=buffer[:planned.workspace_bytes - 1])
@@ -196,11 +197,14 @@ def test_the_torch_backend_takes_no_bytes_but_checks_the_buffer(make_case):
 
 
 def test_the_public_size_is_the_largest_of_the_devices_backends(monkeypatch):
-    """On an sm90 device mixed_mla.workspace_bytes is cuda_sm90's bound (torch needs none); bad arguments raise."""
+    """On an sm90 device mixed_mla.workspace_bytes is cuda_sm90's bound (torch needs none); on a gfx950 one it is
+    hip_gfx950's, which carves cuda_sm90's layout (aiter takes none from the caller); bad arguments raise."""
     monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
     assert mixed_mla.workspace_bytes(512, 16, "cpu") == cuda_sm90.workspace_bytes(None, 512, 16) > 0
-    monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")   # hip_gfx950 and aiter make their own
-    assert mixed_mla.workspace_bytes(512, 16, "cpu") == 0
+    monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
+    assert backends.spec("aiter").workspace_bytes is None
+    assert mixed_mla.workspace_bytes(512, 16, "cpu") == hip_gfx950.workspace_bytes(None, 512, 16) == \
+        cuda_sm90.workspace_bytes(None, 512, 16)
     for rows, heads in [(0, 16), (4, 12)]:
         with pytest.raises(ValueError, match="max_total_q >= 1 and num_heads"):
             mixed_mla.workspace_bytes(rows, heads, "cpu")
@@ -242,7 +246,7 @@ def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case
         case, cache, planned, graph, out = steps[replay % 2]
         out.fill_(float("nan"))
         graph.replay()
-        assert_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr)
+        assert_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, "cuda_sm90")
     torch.cuda.synchronize()
     for _, _, planned, _, _ in steps:
         assert planned.workspace.split_counters.count_nonzero() == 0
