@@ -5,8 +5,11 @@ The resource table is printed into the test log. The negative case compiles a ke
 that the report catches it.
 """
 import importlib.util
+import os
 import re
 import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,7 +82,13 @@ def test_fused_variants_are_opt_in_fp8_only_and_get_counters():
     assert not set(hip_gfx950.FUSED) & set(hip_gfx950.declared_variants(False))
     assert hip_gfx950.declared_variants(True)[0] == hip_gfx950.DEFAULT_VARIANT
     assert set(hip_gfx950.FUSED) <= set(hip_gfx950.declared_variants(True))
-    assert all(hip_gfx950.SPEC.variant_formats[v] == ("fp8",) for v in hip_gfx950.FUSED)
+    assert hip_gfx950.FUSED_FORMATS == ("fp8",)
+    assert hip_gfx950.SPEC.variant_formats == {v: ("fp8",) for v in hip_gfx950.FUSED if v in hip_gfx950.SPEC.variants}
+    declared = "from mixed_mla.backends import hip_gfx950 as h; print(sorted(h.SPEC.variant_formats.items()))"
+    opted_in = subprocess.run(   # the SPEC is fixed at import: a fresh interpreter with the opt-in set
+        [sys.executable, "-c", declared],
+        env={**os.environ, hip_gfx950.FUSED_OPT_IN: "1"}, cwd=ROOT, capture_output=True, text=True, check=True)
+    assert opted_in.stdout.strip() == str(sorted((v, ("fp8",)) for v in hip_gfx950.FUSED))
     assert hip_gfx950.SPEC.lse
     fused, plain = (Plan(backend="hip_gfx950", kv_format="fp8", num_splits=4, variant=v) for v in ("fused_occ2", "occ2"))
     assert hip_gfx950.make_workspace(fused, 5, 32, "cpu").split_counters.tolist() == [0] * 10   # rows x head groups
