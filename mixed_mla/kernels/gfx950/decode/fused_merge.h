@@ -37,8 +37,11 @@ __device__ inline void workgroup_sync() {
 }
 
 // Called by every lane of a stage-1 workgroup after its partial stores; true in the last arriver of (t, head_group).
-__device__ inline bool arrive(const DecodeParams& p, int t, int head_group) {
-  __shared__ int last_arrival;
+// verdict: an int of LDS for thread 0's verdict, inside stage1's one LDS array (a tile slot, free once the tile loop
+// has ended). Not a __shared__ of its own: with a second LDS object in the kernel, clang 22 can no longer tell the
+// tile reads from the direct-to-LDS loads and puts s_waitcnt vmcnt(0) before the tile loop's reads (occ2 and occ3),
+// which waits for the prefetched tiles too (tools/gfx950_code_object.py's check).
+__device__ inline bool arrive(const DecodeParams& p, int t, int head_group, int* verdict) {
   __builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");
   workgroup_sync();
   if (thread_id() == 0) {
@@ -46,10 +49,10 @@ __device__ inline bool arrive(const DecodeParams& p, int t, int head_group) {
     const int before = __hip_atomic_fetch_add(counter, 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
     const bool last = before == p.num_splits - 1;
     if (last) __hip_atomic_store(counter, 0, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT);
-    last_arrival = last;
+    *verdict = last;
   }
   workgroup_sync();
-  const bool last = last_arrival != 0;
+  const bool last = *verdict != 0;
   if (last) __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "agent");
   return last;
 }

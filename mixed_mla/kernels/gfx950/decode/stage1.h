@@ -309,7 +309,9 @@ __device__ inline void stage1(const DecodeParams& p) {
     else
       write_lse(p, t, head, split_lse);
   }
-  if (FUSED && p.num_splits > 1 && arrive(p, t, head_group)) merge_head_group(p, t, head_group, wave, lane);
+  // the verdict slot: tile 0's first bytes, read by no one after the loop's last barrier
+  if (FUSED && p.num_splits > 1 && arrive(p, t, head_group, reinterpret_cast<int*>(lds)))
+    merge_head_group(p, t, head_group, wave, lane);
 }
 
 }  // namespace mla_gfx950
