@@ -22,7 +22,7 @@ from .exact_formats import decode
 #     8 cases x 3 formats; f16/bf16 P and V); x3 -> 0.008.
 #   hip_gfx950 and aiter read Q as fp8 (per (row, head) power-of-two scale / one per-tensor scale), and rounding Q to
 #     e4m3 alone costs 0.026-0.027 (docs/problem.md#accuracy). Worst of the gfx950 numerics twin: 0.030 over 336
-#     random layouts (emulator/gfx950/hip_twin.py, median 0.025). A few times that would pass a 4% error, so the
+#     random layouts (tests/test_hip_twin.py, median 0.025). A few times that would pass a 4% error, so the
 #     bound sits under 0.04 instead: 0.038 = 1.27x the worst; a 4% error on top of the fp8-Q error scores >= 0.047.
 #     aiter's bf16 path reads bf16 Q: cuda_sm90's bound.
 #   peer: the benchmarks' foreign kernels (benchmarks/peers), timed not shipped: worst 0.0041 (torch plain, fp8;
