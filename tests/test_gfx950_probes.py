@@ -47,6 +47,9 @@ MUTATIONS = [
     ("mfma_scale_16x16x128.opsel", (3, 2, 1, 0), "pick bytes [3, 2, 1, 0]"),
     ("cvt_scalef32_pk_bf16_fp4", {"select": "byte", "first": "high", "subnormal_scale": "poison"}, "byte_sel"),
     ("global_load_lds.offset", {"global": False, "lds": True}, "offset 64"),
+    # the fused kernels' bets: a fetch_add that returns the value after its add; agent-scope fences that order nothing
+    ("global_atomic.counter", dict(facts.value("global_atomic.counter"), returns="new"), "counter left at 1"),
+    ("fence.agent", dict(facts.value("fence.agent"), visible_scopes=("system",)), "saw 64 of 512 stores"),
 ]
 
 
@@ -58,7 +61,8 @@ def test_a_contradicted_fact_fails_its_probe_and_disables_its_variants(tmp_path,
     assert set(facts.BY_KEY[key].disables) <= set(probes.disabled_variants(verdicts))
     untouched = [k for k, v in verdicts.items() if not v.holds and k != key]
     # only facts the same probe observes jointly may fall with it
-    assert set(untouched) <= {"mfma_scale_16x16x128.fp8_k", "mfma_scale_16x16x128.fp4_k", "e2m1", "e8m0"}, untouched
+    assert set(untouched) <= {"mfma_scale_16x16x128.fp8_k", "mfma_scale_16x16x128.fp4_k", "e2m1", "e8m0",
+                              "fence.agent"}, untouched   # the hand-off probe sees no fence without its last arriver
 
 
 def test_the_backend_honours_the_disable_list(monkeypatch):

@@ -42,6 +42,9 @@ SENTINEL = 0xA5A5A5A5
 LDS_PROBE_BYTES = 2048
 WAIT_LOADS, WAIT_LEFT, WAIT_STRIDE = 20, 16, 256
 E4M3_ONE, FP4_ONE, E8M0_ONE = 0x38, 0x2, 127
+HANDOFF_GROUPS, HANDOFF_DATA = 8, 64
+HANDOFF_SEEN = HANDOFF_DATA + 64 * HANDOFF_GROUPS
+HANDOFF_LAST = HANDOFF_SEEN + 64
 POISON_BYTE = 0xFF                      # what the emulator leaves where the hardware's result is undefined
 
 NOT_PROBED = {
@@ -486,6 +489,29 @@ def probe_atomics(device: Device) -> list:
     return [Verdict("global_atomic.rmw", got == expected, f"or of 64 lanes = {got[0]:#x}, signed min = {got[1]}")]
 
 
+def probe_handoff(device: Device) -> list:
+    """The fused kernels' hand-off (fused_merge.h arrive) on 8 workgroups, launched twice on one counter as two
+    decode calls would: in each launch exactly one workgroup must find itself last and leave the counter 0 (the
+    relaxed fetch_add is indivisible and returns the value before; the second launch's adds read the first's store
+    of 0), and every lane of that last arriver must see all 8 workgroups' stores of its column (the agent-scope
+    release/acquire fences order them before the counter). A device may pass by luck where a fence is missing;
+    one that fails has contradicted the facts."""
+    counter_seen, fence_seen, counter_ok, fence_ok = [], [], True, True
+    start = np.zeros(OUT_WORDS, np.int32)
+    for launch in range(2):
+        out = device.run("handoff", np.array([1000 * (launch + 1)]), out=start)
+        last = [w for w in range(HANDOFF_GROUPS) if out[HANDOFF_LAST + w]]
+        seen = int(out[HANDOFF_SEEN:HANDOFF_SEEN + 64].sum()) if len(last) == 1 else 0
+        counter_ok &= len(last) == 1 and int(out[0]) == 0
+        fence_ok &= len(last) == 1 and seen == 64 * HANDOFF_GROUPS
+        counter_seen.append(f"launch {launch + 1}: last arrivers {last}, counter left at {int(out[0])}")
+        fence_seen.append(f"launch {launch + 1}: the last arriver saw {seen} of {64 * HANDOFF_GROUPS} stores")
+        start = np.zeros(OUT_WORDS, np.int32)
+        start[0] = out[0]                           # the counter carries over to the next call, nothing else
+    return [Verdict("global_atomic.counter", counter_ok, "; ".join(counter_seen)),
+            Verdict("fence.agent", fence_ok, "; ".join(fence_seen))]
+
+
 def probe_lane_id(device: Device) -> list:
     out = device.run("lane_id", np.zeros(1, np.int64))[:64]
     ok = np.array_equal(out, np.arange(64) % facts.value("wave_size"))
@@ -494,7 +520,7 @@ def probe_lane_id(device: Device) -> list:
 
 PROBES = (probe_lane_id, probe_mfma_rows, probe_mfma_fp4_fp8, probe_mfma_scale_lanes, probe_mfma_opsel,
           probe_mfma_bf16, probe_load_lds, probe_waitcnt, probe_cvt_pk_fp8, probe_cvt_bf16_fp8, probe_cvt_bf16_fp4,
-          probe_cvt_bf16_f32, probe_transcendentals, probe_bpermute, probe_atomics)
+          probe_cvt_bf16_f32, probe_transcendentals, probe_bpermute, probe_atomics, probe_handoff)
 
 
 # ---- verdicts -------------------------------------------------------------------------------------------------

@@ -19,22 +19,8 @@ namespace {
 
 typedef void (*Kernel)(mla_gfx950::DecodeParams);
 
-// Workgroups run one after another in grid order; with a Visibility model (a fused launch) each one sees the
-// shared regions only as visibility.h allows.
-bool run_grid(Fibers& f, Kernel kernel, const mla_gfx950::DecodeParams& p, int gx, int gy, int gz, int threads) {
-  mla_emu::Visibility* v = mla_emu::visibility;
-  for (int z = 0; z < gz; ++z)
-    for (int y = 0; y < gy; ++y)
-      for (int x = 0; x < gx; ++x) {
-        mla_emu::group->block[0] = x;
-        mla_emu::group->block[1] = y;
-        mla_emu::group->block[2] = z;
-        if (v) v->begin_workgroup(threads);
-        if (!run_group(f, threads, [kernel, &p] { kernel(p); })) return false;
-        if (v) v->end_workgroup();
-      }
-  if (v) v->end_launch();
-  return true;
+bool run_kernel(Fibers& f, Kernel kernel, const mla_gfx950::DecodeParams& p, int gx, int gy, int gz, int threads) {
+  return run_grid(f, [kernel, &p] { kernel(p); }, gx, gy, gz, threads);
 }
 
 }  // namespace
@@ -58,9 +44,9 @@ extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, in
   const DecodeParams& p = *params;
   scope.g->atomic_lo = p.error_flag;  // the one buffer the kernels update atomically: [bits, first segment]
   scope.g->atomic_hi = p.error_flag + 2;
-  bool ok = run_grid(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
+  bool ok = run_kernel(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
                      THREADS);
-  if (ok && p.num_splits > 1) ok = run_grid(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
+  if (ok && p.num_splits > 1) ok = run_kernel(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
   return ok ? 0 : 1;
 }
 
@@ -91,7 +77,7 @@ extern "C" int emu_decode_fused(const mla_gfx950::DecodeParams* params, int occu
   model.counters_hi = p.arrivals ? p.arrivals + (size_t)p.total_q * (p.num_heads / HEAD_GROUP) : nullptr;
   mla_emu::visibility = &model;
   Fibers fibers(THREADS);
-  const bool ok = run_grid(fibers, kernels[occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
+  const bool ok = run_kernel(fibers, kernels[occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
                            THREADS);
   mla_emu::visibility = nullptr;
   return ok ? 0 : 1;

@@ -459,7 +459,7 @@ inline int32_t counter_fetch_add(int32_t* address, int32_t value, int order, int
   visibility->counter_rmw((int)(address - visibility->counters_lo));
   const int32_t old = *address;
   *address = old + value;
-  return old;
+  return mla_facts::COUNTER_RETURNS_OLD ? old : old + value;
 }
 
 inline void counter_store(int32_t* address, int32_t value, int order, int scope) {

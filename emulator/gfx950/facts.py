@@ -223,7 +223,8 @@ FACTS = (
          "agent scope) is a global store every workgroup's later agent-scope RMW reads after. Relaxed atomics order "
          "no other memory access: a plain store before one may become visible after it, a load after one may read "
          "a value older than it.",
-         {"ops": ("add", "store"), "order": "relaxed", "visible_scopes": ("agent", "system"), "align": 4},
+         {"ops": ("add", "store"), "returns": "old", "order": "relaxed", "visible_scopes": ("agent", "system"),
+          "align": 4},
          (f"{ISA}, FLAT/GLOBAL atomic instructions (GLOBAL_ATOMIC_ADD with GLC/SC0: return the pre-op value)",
           "llvm/llvm-project llvm/docs/AMDGPUUsage.rst, 'Memory Model GFX942' (gfx940-gfx950): monotonic atomicrmw "
           "at agent scope is a bare global_atomic; only acquire/release add cache maintenance and waits",
@@ -345,6 +346,9 @@ def header(overrides=None) -> str:
         "constexpr int ATOMIC_VISIBLE_SCOPES[] = {" + ", ".join(str(HIP_MEMORY_SCOPES[x]) for x in
                                                             atomic["visible_scopes"]) + "};",
         f"constexpr bool ATOMIC_MIN_SIGNED = {str('smin' in atomic['ops']).lower()};",
+        "// the split counters' fetch_add returns the value before (true) or after its add",
+        "constexpr bool COUNTER_RETURNS_OLD = "
+        f"{str(value('global_atomic.counter', overrides)['returns'] == 'old').lower()};",
         "// fences: the scopes that order memory between workgroups; whether a release waits only for its own wave",
         "constexpr int FENCE_VISIBLE_SCOPES[] = {" + ", ".join(str(HIP_MEMORY_SCOPES[x]) for x in
                                                            value("fence.agent", overrides)["visible_scopes"]) + "};",

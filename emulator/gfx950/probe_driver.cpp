@@ -1,12 +1,14 @@
-// Runs the hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes: one workgroup of one wave, built from
-// the fact base like the decode emulator (lanes.build_probes), so a wrong fact shows as a contradicted probe.
+// Runs the hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes: workgroups of one wave (one, or the
+// hand-off probe's several), built from the fact base like the decode emulator (lanes.build_probes), so a wrong fact
+// shows as a contradicted probe.
 #include <cstring>
 
 #include "probes.hip"
 #include "runner.h"
 
-// Runs probe `name` on one wave; in and out are PROBE_IN_WORDS / PROBE_OUT_WORDS int32. Direct-to-LDS loads may
-// read `in`, atomics may update out[0..1]. Returns 0, or 1 with the error text (unknown probe, emulator error).
+// Runs probe `name`; in and out are PROBE_IN_WORDS / PROBE_OUT_WORDS int32. Direct-to-LDS loads may read `in`,
+// atomics may update out[0..1] (the hand-off probe's counter: out[0]). Returns 0, or 1 with the error text
+// (unknown probe, emulator error).
 extern "C" int emu_probe(const char* name, const int32_t* in, int32_t* out, char* error, int error_len) {
   using namespace mla_probe;
   typedef void (*Probe)(const int32_t*, int32_t*);
@@ -24,7 +26,18 @@ extern "C" int emu_probe(const char* name, const int32_t* in, int32_t* out, char
   scope.g->range_hi[0] = scope.g->range_hi[1] = bytes + 4 * PROBE_IN_WORDS;
   scope.g->atomic_lo = out;
   scope.g->atomic_hi = out + 2;
-  scope.g->block[0] = scope.g->block[1] = scope.g->block[2] = 0;
+  // the hand-off probe's workgroups pass their stores on through out[HANDOFF_DATA..] under visibility.h's model,
+  // with out[0] their counter
+  const int groups = probe_groups(name);
+  mla_emu::Visibility model;
+  if (groups > 1) {
+    model.add_region(out + HANDOFF_DATA, sizeof(int32_t) * 64 * HANDOFF_GROUPS);
+    model.counters_lo = out;
+    model.counters_hi = out + 1;
+    mla_emu::visibility = &model;
+  }
   Fibers fibers(PROBE_THREADS);
-  return run_group(fibers, PROBE_THREADS, [=] { probe(in, out); }) ? 0 : 1;
+  const bool ok = run_grid(fibers, [=] { probe(in, out); }, groups, 1, 1, PROBE_THREADS);
+  mla_emu::visibility = nullptr;
+  return ok ? 0 : 1;
 }

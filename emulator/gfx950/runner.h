@@ -79,6 +79,24 @@ bool run_group(Fibers& f, int threads, std::function<void()> body) {
   return !group->error[0];
 }
 
+// Runs `body` on a gx x gy x gz grid of workgroups of `threads` lanes, one after another in grid order; with a
+// Visibility model (mla_emu::visibility) each one sees the shared regions only as visibility.h allows.
+bool run_grid(Fibers& f, const std::function<void()>& body, int gx, int gy, int gz, int threads) {
+  mla_emu::Visibility* v = mla_emu::visibility;
+  for (int z = 0; z < gz; ++z)
+    for (int y = 0; y < gy; ++y)
+      for (int x = 0; x < gx; ++x) {
+        mla_emu::group->block[0] = x;
+        mla_emu::group->block[1] = y;
+        mla_emu::group->block[2] = z;
+        if (v) v->begin_workgroup(threads);
+        if (!run_group(f, threads, body)) return false;
+        if (v) v->end_workgroup();
+      }
+  if (v) v->end_launch();
+  return true;
+}
+
 struct GroupScope {  // a fresh Group for one call, with its error text copied out at the end
   mla_emu::Group* g = new mla_emu::Group();
   char* error;

@@ -1,5 +1,5 @@
 // The hardware probes on a real gfx950 (tools/gfx950_probes.py builds this with hipcc into a shared library):
-// one workgroup of one wave per probe, buffers copied in and out.
+// one wave per workgroup, one workgroup per probe (the hand-off probe: several), buffers copied in and out.
 #include <hip/hip_runtime.h>
 
 #include <cstdio>
@@ -26,7 +26,7 @@ extern "C" int probe_run(const char* name, const int32_t* in, int32_t* out, char
   if (status == hipSuccess) status = hipMemcpy(d_in, in, sizeof(int32_t) * PROBE_IN_WORDS, hipMemcpyHostToDevice);
   if (status == hipSuccess) status = hipMemcpy(d_out, out, sizeof(int32_t) * PROBE_OUT_WORDS, hipMemcpyHostToDevice);
   if (status == hipSuccess) {
-    hipLaunchKernelGGL(probe, dim3(1), dim3(PROBE_THREADS), 0, 0, d_in, d_out);
+    hipLaunchKernelGGL(probe, dim3(probe_groups(name)), dim3(PROBE_THREADS), 0, 0, d_in, d_out);
     status = hipGetLastError();
   }
   if (status == hipSuccess) status = hipDeviceSynchronize();

@@ -5,7 +5,10 @@
 // Every probe takes (in, out): int32 buffers of PROBE_IN_WORDS and PROBE_OUT_WORDS words. The helpers come from
 // the kernels' own prelude, so a probe exercises the same spelling of each builtin as the kernels.
 #pragma once
+#include <cstring>
+
 #include "prelude.h"
+#include "fused_merge.h"
 
 namespace mla_probe {
 using namespace mla_gfx950;
@@ -22,6 +25,13 @@ constexpr int LDS_PROBE_BYTES = 2048;
 constexpr int WAIT_LOADS = 20;               // direct-to-LDS loads in flight in the s_waitcnt probe
 constexpr int WAIT_LEFT = 16;                // vmcnt it waits for: needs the counter's high bits
 constexpr int WAIT_STRIDE = 256;             // bytes of LDS (and of source) per load: 64 lanes x 4 bytes
+// The hand-off probe: HANDOFF_GROUPS workgroups of one wave; out[0] is their counter, out[HANDOFF_DATA + 64 w + l]
+// workgroup w's lane l's store, out[HANDOFF_SEEN + l] how many of column l's stores the last arriver's lane l saw,
+// out[HANDOFF_LAST + w] 1 where workgroup w was the last arriver.
+constexpr int HANDOFF_GROUPS = 8;
+constexpr int HANDOFF_DATA = 64;
+constexpr int HANDOFF_SEEN = HANDOFF_DATA + 64 * HANDOFF_GROUPS;
+constexpr int HANDOFF_LAST = HANDOFF_SEEN + 64;
 
 __device__ inline void store_d(int32_t* out, v4f d) {
   const int l = lane_id();
@@ -206,9 +216,32 @@ __global__ void probe_atomics(const int32_t* in, int32_t* out) {
   atomic_min(out + 1, in[64 + l]);
 }
 
+// The fused kernels' hand-off (fused_merge.h arrive) as they run it, on HANDOFF_GROUPS splits of one (row, head
+// group): lane l of workgroup w stores in[0] + 64 w + l, every workgroup arrives on the counter out[0], and lane l
+// of the last arriver counts the stores of column l it sees.
+__global__ void probe_handoff(const int32_t* in, int32_t* out) {
+  __shared__ int verdict;
+  const int w = block_x(), l = lane_id();
+  out[HANDOFF_DATA + 64 * w + l] = in[0] + 64 * w + l;
+  DecodeParams p = {};
+  p.arrivals = out;
+  p.num_heads = HEAD_GROUP;
+  p.num_splits = HANDOFF_GROUPS;
+  const bool last = arrive(p, 0, 0, &verdict);
+  if (l == 0) out[HANDOFF_LAST + w] = last;
+  if (last) {
+    int seen = 0;
+    for (int v = 0; v < HANDOFF_GROUPS; ++v) seen += out[HANDOFF_DATA + 64 * v + l] == in[0] + 64 * v + l;
+    out[HANDOFF_SEEN + l] = seen;
+  }
+}
+
+// Workgroups a probe runs on (one wave each): the hand-off probe needs several, every other probe one.
+inline int probe_groups(const char* name) { return std::strcmp(name, "handoff") ? 1 : HANDOFF_GROUPS; }
+
 }  // namespace mla_probe
 
 // Every probe kernel, for the launchers' name tables.
 #define MLA_PROBES(X)                                                                                              \
   X(lane_id) X(mfma_fp8_fp8) X(mfma_fp4_fp8) X(mfma_fp4_fp4) X(mfma_opsel) X(mfma_bf16) X(load_lds) X(waitcnt) \
-  X(cvt_pk_fp8) X(cvt_bf16_fp8) X(cvt_bf16_fp4) X(cvt_bf16_f32) X(transcendentals) X(bpermute) X(atomics)
+  X(cvt_pk_fp8) X(cvt_bf16_fp8) X(cvt_bf16_fp4) X(cvt_bf16_f32) X(transcendentals) X(bpermute) X(atomics) X(handoff)
