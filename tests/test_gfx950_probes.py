@@ -101,3 +101,24 @@ def test_shipped_text_names_no_test_equipment():
              if p.is_file() and p.suffix != ".pyc" and any(
                  word in p.read_text(errors="ignore") for word in ("emulator", "EMULATION", "mla_emu"))]
     assert not named, named
+
+
+
+def test_the_probe_kernels_compile_for_gfx950(tmp_path, ziglang):
+    """The text the bring-up's first step hands hipcc compiles device-only for gfx950 with the kernels' headers,
+    every probe of the launchers' table a kernel with no scratch (the emulator alone would not notice a builtin
+    clang rejects)."""
+    import re
+    import shutil
+
+    import gfx950_report
+    sources = tmp_path / "src"
+    shutil.copytree(gfx950_report.materialize(gfx950_report.KERNEL_DIR), sources)
+    text = (probes.PROBE_DIR / "probes.hip").read_text()
+    (sources / "probes.hip").write_text(text)
+    kernels, error = gfx950_report.compile_file(sources / "probes.hip", tmp_path)
+    assert error == ""
+    table = re.findall(r"X\((\w+)\)", text[text.index("#define MLA_PROBES"):])
+    assert "handoff" in table
+    assert sorted(k.name for k in kernels) == sorted(f"_ZN9mla_probe{len('probe_' + n)}probe_{n}EPKiPi" for n in table)
+    assert all(k.scratch_bytes == 0 for k in kernels)

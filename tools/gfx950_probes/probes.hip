@@ -5,8 +5,6 @@
 // Every probe takes (in, out): int32 buffers of PROBE_IN_WORDS and PROBE_OUT_WORDS words. The helpers come from
 // the kernels' own prelude, so a probe exercises the same spelling of each builtin as the kernels.
 #pragma once
-#include <cstring>
-
 #include "prelude.h"
 #include "fused_merge.h"
 
@@ -104,11 +102,17 @@ __device__ inline void fill_lds(uint8_t* lds) {
 
 // One direct-to-LDS wave load of SIZE bytes a lane from in + SIZE * lane with immediate offset OFFSET, retired,
 // then the whole LDS buffer copied to out.
+// The builtin's size and offset are literals in each branch: clang 22 rejects a template parameter there (it checks
+// them before instantiation: "expression is not an integral constant expression").
 template <int SIZE, int OFFSET>
 __device__ inline void load_and_dump(const int32_t* in, uint8_t* lds, int32_t* out) {
+  static_assert((SIZE == 4 || SIZE == 12 || SIZE == 16) && (OFFSET == 0 || (SIZE == 4 && OFFSET == 64)));
   fill_lds(lds);
   const uint8_t* src = reinterpret_cast<const uint8_t*>(in) + SIZE * lane_id();
-  __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, SIZE, OFFSET, 0);
+  if constexpr (OFFSET == 64) __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, 4, 64, 0);
+  else if constexpr (SIZE == 4) __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, 4, 0, 0);
+  else if constexpr (SIZE == 12) __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, 12, 0, 0);
+  else __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)lds, 16, 0, 0);
   MLA_WAIT_VMCNT(0);
   barrier();
   for (int w = lane_id(); w < LDS_PROBE_BYTES / 4; w += PROBE_THREADS) out[w] = reinterpret_cast<int32_t*>(lds)[w];
@@ -236,8 +240,14 @@ __global__ void probe_handoff(const int32_t* in, int32_t* out) {
   }
 }
 
-// Workgroups a probe runs on (one wave each): the hand-off probe needs several, every other probe one.
-inline int probe_groups(const char* name) { return std::strcmp(name, "handoff") ? 1 : HANDOFF_GROUPS; }
+// Workgroups a probe runs on (one wave each): the hand-off probe needs several, every other probe one. (No
+// <cstring> here: this text also compiles device-only, without the C library's headers.)
+inline int probe_groups(const char* name) {
+  const char handoff[] = "handoff";
+  for (int i = 0; i < (int)sizeof(handoff); ++i)
+    if (name[i] != handoff[i]) return 1;
+  return HANDOFF_GROUPS;
+}
 
 }  // namespace mla_probe
 
