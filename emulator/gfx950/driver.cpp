@@ -44,8 +44,8 @@ extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, in
   const DecodeParams& p = *params;
   scope.g->atomic_lo = p.error_flag;  // the one buffer the kernels update atomically: [bits, first segment]
   scope.g->atomic_hi = p.error_flag + 2;
-  bool ok = run_kernel(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
-                     THREADS);
+  bool ok = run_kernel(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q,
+                       p.num_heads / HEAD_GROUP, THREADS);
   if (ok && p.num_splits > 1) ok = run_kernel(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
   return ok ? 0 : 1;
 }
@@ -78,7 +78,7 @@ extern "C" int emu_decode_fused(const mla_gfx950::DecodeParams* params, int occu
   mla_emu::visibility = &model;
   Fibers fibers(THREADS);
   const bool ok = run_kernel(fibers, kernels[occupancy - 2], p, p.num_splits, p.total_q, p.num_heads / HEAD_GROUP,
-                           THREADS);
+                             THREADS);
   mla_emu::visibility = nullptr;
   return ok ? 0 : 1;
 }
