@@ -64,6 +64,9 @@ def quantize_fp8(x: torch.Tensor):
     return data, scale.float().view(1)
 
 
+MXFP4_QUANTIZE_CHUNK_ROWS = 1 << 16   # rows quantised at a time (~1.5 GB of intermediates)
+
+
 def quantize_mxfp4(kv: torch.Tensor):
     """The generator's MXFP4 of (N, 1, 576) rows: packed codes (N, 1, 288) and padded e8m0 scales.
 
@@ -73,18 +76,22 @@ def quantize_mxfp4(kv: torch.Tensor):
     rounds to e2m1 half up on its one mantissa bit, saturating at 6.
     """
     n = kv.shape[0]
-    x = kv.reshape(n, MXFP4_BLOCKS, MXFP4_BLOCK).float()
-    amax_bits = x.abs().max(dim=-1, keepdim=True).values.view(torch.int32)
-    biased_exponent = ((amax_bits + (1 << 21)) >> 23) & 0xFF           # of the snapped amax (sign bit is 0)
-    # 255: the snapped amax is infinite (its log2 too), so the clamp gives the largest exponent
-    exponent = torch.where(biased_exponent == 255, 127, biased_exponent - E8M0_BIAS - 2).clamp(-127, 127)
-    scaled = x * torch.pow(2.0, -exponent.float())
-    codes = _e2m1_codes(scaled).reshape(n, QK_HEAD_DIM)
-    packed = (codes[:, 1::2] << 4) | codes[:, 0::2]
+    packed = torch.empty((n, QK_HEAD_DIM // 2), dtype=torch.uint8, device=kv.device)
     padded_rows = -(-n // MXFP4_SCALE_ROWS_MULTIPLE) * MXFP4_SCALE_ROWS_MULTIPLE
     scales = torch.empty((padded_rows, MXFP4_SCALE_COLS), dtype=torch.uint8, device=kv.device)
-    scales[:n, :MXFP4_BLOCKS] = (exponent.view(n, MXFP4_BLOCKS) + E8M0_BIAS).to(torch.uint8)
-    return packed.to(torch.uint8).view(n, 1, QK_HEAD_DIM // 2).view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
+    # In row chunks: the int64 intermediates of a whole 256 x 8192 cache would take ~40 GB (more than an H100
+    # has free beside the problem's data); the bytes do not depend on the chunking.
+    for start in range(0, n, MXFP4_QUANTIZE_CHUNK_ROWS):
+        stop = min(n, start + MXFP4_QUANTIZE_CHUNK_ROWS)
+        x = kv[start:stop].reshape(stop - start, MXFP4_BLOCKS, MXFP4_BLOCK).float()
+        amax_bits = x.abs().max(dim=-1, keepdim=True).values.view(torch.int32)
+        biased_exponent = ((amax_bits + (1 << 21)) >> 23) & 0xFF           # of the snapped amax (sign bit is 0)
+        # 255: the snapped amax is infinite (its log2 too), so the clamp gives the largest exponent
+        exponent = torch.where(biased_exponent == 255, 127, biased_exponent - E8M0_BIAS - 2).clamp(-127, 127)
+        codes = _e2m1_codes(x * torch.pow(2.0, -exponent.float())).reshape(stop - start, QK_HEAD_DIM)
+        packed[start:stop] = ((codes[:, 1::2] << 4) | codes[:, 0::2]).to(torch.uint8)
+        scales[start:stop, :MXFP4_BLOCKS] = (exponent.view(stop - start, MXFP4_BLOCKS) + E8M0_BIAS).to(torch.uint8)
+    return packed.view(n, 1, QK_HEAD_DIM // 2).view(FP4X2_DTYPE), scales.view(E8M0_DTYPE)
 
 
 def _e2m1_codes(v: torch.Tensor) -> torch.Tensor:
