@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
-from mixed_mla import api, backends, planner, selfcheck
+from mixed_mla import api, backends, exact, planner, selfcheck
 from mixed_mla.backends import hip_gfx950
+from mixed_mla.planner import Plan
 
 
 def test_the_mxfp4_gfx950_variants_serve_only_when_opted_in(monkeypatch):
@@ -57,11 +59,25 @@ def test_the_mi355x_table_routes_only_to_paths_with_evidence():
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import mi355x_bringup as bringup  # noqa: E402
+import strict_cases  # noqa: E402
 
 
 def fake(name, code, timeout_s=30.0, **kwargs):
-    """A step whose 'device work' is a line of Python: it passes, fails, crashes or hangs as told."""
-    return bringup.Step(name, [sys.executable, "-c", code], timeout_s, **kwargs)
+    """A step whose 'device work' is a line of Python: it passes, fails, crashes or hangs as told. A step with
+    results=True finds the file for its result lines in sys.argv[1]."""
+    extra = ["{results}"] if kwargs.get("results") else []
+    return bringup.Step(name, [sys.executable, "-c", code] + extra, timeout_s, **kwargs)
+
+
+def writing(*records, then=""):
+    """The code of a fake step that writes these result lines, then runs `then`."""
+    return ("import json, sys; sink = open(sys.argv[1], 'a'); "
+            + "".join(f"sink.write(json.dumps({record!r}) + '\\n'); " for record in records) + "sink.close(); " + then)
+
+
+def line(plan, passed, error, **extra):
+    return dict(bringup.configuration(plan), passed=passed, error=error,
+                bound=exact.STRICT_BOUND[(plan.kv_format, plan.backend)], **extra)
 
 
 HANGING_PARENT_AND_CHILD = (
@@ -108,15 +124,131 @@ def test_every_step_reports_and_a_fault_or_a_hang_does_not_stop_the_run(tmp_path
     assert (tmp_path / "out" / "logs" / "fault.log").read_text().startswith("memory access fault")
 
 
+OCC2_FP8 = Plan("hip_gfx950", "fp8", 1, "occ2")
+OCC2_FP8_SPLIT = Plan("hip_gfx950", "fp8", bringup.SELFCHECK_SPLITS, "occ2")
+OCC2_MXFP4 = Plan("hip_gfx950", "mxfp4", 1, "occ2")
+
+
 def test_the_command_exits_nonzero_when_a_step_fails_and_runs_only_the_steps_asked_for(tmp_path, monkeypatch):
-    steps = [fake("selfcheck:occ2:fp8", "pass"), fake("selfcheck:occ2:mxfp4", "raise SystemExit(1)"),
-             fake("eval-test", "pass")]
+    steps = [fake("selfcheck:occ2:fp8", writing(line(OCC2_FP8, True, 0.026), line(OCC2_FP8_SPLIT, True, 0.027)),
+                  results=True),
+             fake("selfcheck:occ2:mxfp4", writing(line(OCC2_MXFP4, False, 0.31, problem="relative L2 0.31"),
+                                                  then="raise SystemExit(1)"), results=True),
+             fake("eval-test", "pass", lax=True)]
     monkeypatch.setattr(bringup, "default_steps", lambda scale: steps)
     assert bringup.main(["--out", str(tmp_path), "--steps", "eval"]) == 0
-    assert "selfcheck" not in (tmp_path / "REPORT.md").read_text()
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "selfcheck" not in report and "| eval-test | lax pass | " in report   # a lax pass is never a pass
     assert bringup.main(["--out", str(tmp_path), "--steps", "selfcheck"]) == 1
     report = (tmp_path / "REPORT.md").read_text()
-    assert "| variant | fp8 | mxfp4 |" in report and "| occ2 | pass | FAIL |" in report
+    assert "| selfcheck:occ2:fp8 | pass | " in report
+    assert "| selfcheck:occ2:mxfp4 | FAIL | " in report and "exit status 1; 1 of 1 result line(s) failed" in report
+    assert "| hip_gfx950 | occ2 | fp8 | 1 | 1 | pass | 0.0260 | 0.038 | selfcheck:occ2:fp8 (1) |" in report
+    assert "| hip_gfx950 | occ2 | fp8 | 1 | 32 | pass | 0.0270 | 0.038 | selfcheck:occ2:fp8 (1) |" in report
+    assert ("| hip_gfx950 | occ2 | mxfp4 | 1 | 1 | FAIL | 0.3100 | 0.038 | selfcheck:occ2:mxfp4 (1); "
+            "FAIL selfcheck:occ2:mxfp4: relative L2 0.31 |") in report
+
+
+def test_a_step_with_result_lines_passes_only_on_lines_that_all_passed_strictly(tmp_path):
+    """Its exit status alone never makes it pass: no lines, or a failed line under exit status 0, is a FAIL."""
+    steps = [fake("silent", "pass", results=True),
+             fake("says-pass", writing(line(OCC2_FP8, True, 0.02), line(OCC2_FP8, False, 0.05)), results=True),
+             fake("garbled", writing(line(OCC2_FP8, True, 0.02), then="sink = open(sys.argv[1], 'a'); "
+                                     "sink.write('{\"backend\": \"hip'); sink.close()"), results=True)]
+    status = {o.step.name: (o.status, o.detail, len(o.records)) for o in bringup.run(steps, tmp_path, [])}
+    assert status == {"silent": ("FAIL", "exit status 0 but no result lines", 0),
+                      "says-pass": ("FAIL", "exit status 0 but 1 of 2 result line(s) failed strictly", 2),
+                      "garbled": ("pass", "", 1)}   # the line a killed writer cut short is left out
+    # a rerun's result lines replace the earlier run's, never add to them
+    assert [len(o.records) for o in bringup.run(steps[1:2], tmp_path, [])] == [2]
+
+
+# ---- the strict steps: tools/strict_cases.py with stand-in kernels, judged by the real checker ----
+
+CASES = "batchsize: 2; qseqlen: 1; kvseqlen: 64; seed: 11\nbatchsize: 3; qseqlen: 2; kvseqlen: 40; seed: 12\n"
+
+
+class ScaledExactKernel:
+    """A stand-in for custom_kernel: exact attention on `plan`'s cache format, times `scale`, as bf16, reported as
+    run by `plan`; with hang_at, call number hang_at (from 0) never returns."""
+
+    def __init__(self, plan, scale=1.0, hang_at=None):
+        self.plan, self.scale, self.hang_at, self.calls = plan, scale, hang_at, 0
+
+    def __call__(self, data):
+        if self.calls == self.hang_at:
+            time.sleep(600)
+        self.calls += 1
+        q, kv_data, qo_indptr, kv_indptr, config = data
+        out = exact.exact_attention(q, kv_data[self.plan.kv_format], self.plan.kv_format, qo_indptr, kv_indptr,
+                                    config["sm_scale"])
+        return (out * self.scale).to(torch.bfloat16), self.plan
+
+
+def strict_step(name, cases, plan, scale=1.0, hang_at=None, timeout_s=60.0):
+    """A bring-up step running strict_cases.check_cases on `cases` with a ScaledExactKernel."""
+    code = (f"import sys; from pathlib import Path; sys.path[:0] = [{str(ROOT / 'tests')!r}, {str(ROOT / 'tools')!r}]; "
+            "import strict_cases; from mixed_mla.planner import Plan; "
+            "from test_mi355x_bringup import ScaledExactKernel; "
+            f"sys.exit(strict_cases.check_cases({str(cases)!r}, Path(sys.argv[1]), Path({str(cases.parent / name)!r}), "
+            f"ScaledExactKernel({plan!r}, {scale!r}, {hang_at!r})))")
+    return fake(name, code, timeout_s, results=True)
+
+
+PASSING = Plan("torch", "bf16", 4)
+OFF_BY_4_PERCENT = Plan("torch", "fp8", 8)
+HANGING = Plan("aiter", "fp8", 16, "", 8)
+
+
+def test_strict_steps_pass_fail_a_4_percent_error_the_lax_check_passes_and_hang_into_the_right_rows(tmp_path):
+    cases = tmp_path / "cases.txt"
+    cases.write_text(CASES)
+    steps = [strict_step("strict-ok", cases, PASSING), strict_step("strict-off", cases, OFF_BY_4_PERCENT, 0.96),
+             strict_step("strict-hang", cases, HANGING, hang_at=1, timeout_s=20)]
+    outcomes = {o.step.name: o for o in bringup.run(steps, tmp_path / "out", [])}
+    assert {name: o.status for name, o in outcomes.items()} == {"strict-ok": "pass", "strict-off": "FAIL",
+                                                              "strict-hang": "TIMEOUT"}
+    off = outcomes["strict-off"].records
+    assert [r["case"] for r in off] == [0, 1]
+    assert all(r["passed"] is False and r["lax_passed"] is True and 0.035 < r["error"] < 0.045 for r in off)
+    assert all(r["passed"] and r["error"] < 0.002 for r in outcomes["strict-ok"].records)
+    assert torch.load(outcomes["strict-ok"].records[0]["output"]).shape == (2, 16, 512)   # each output kept
+
+    report = (tmp_path / "out" / "REPORT.md").read_text()
+    table = [row for row in report.splitlines() if row.startswith(("| torch |", "| aiter |"))]
+    assert len(table) == 3
+    ok, off_row = (next(row for row in table if f"| {fmt} |" in row) for fmt in ("bf16", "fp8 | 1 | 8"))
+    assert ok.startswith("| torch | '' | bf16 | 1 | 4 | pass | 0.001") and ok.endswith("| 0.006 | strict-ok (2) |")
+    assert off_row.startswith("| torch | '' | fp8 | 1 | 8 | FAIL | 0.04")
+    assert off_row.count("the lax check passed it") == 2 and "FAIL strict-off batchsize: 3; qseqlen: 2" in off_row
+    assert "seed: 12: strict L2 0.0400 > 0.006; the lax check passed it" in off_row
+    hang = next(row for row in table if row.startswith("| aiter |"))
+    assert hang.startswith("| aiter | '' | fp8 | 8 | 16 | pass | 0.00")
+    assert hang.endswith("| 0.038 | strict-hang (1, then TIMEOUT) |")
+    assert "- strict-hang ended early (TIMEOUT) after 1 result line(s)" in report
+
+
+def off_by_4_percent_fails_strictly(tmp_path):
+    """An output 4% off (exact x 0.96: the lax check passes it) fails every case under the strict bound."""
+    cases = tmp_path / "cases.txt"
+    cases.write_text(CASES)
+    results = tmp_path / "results.jsonl"
+    code = strict_cases.check_cases(str(cases), results, tmp_path / "outputs", ScaledExactKernel(PASSING, 0.96))
+    records = bringup.read_records(results)
+    assert len(records) == 2 and all(r["lax_passed"] for r in records)
+    assert code == 1 and not any(r["passed"] for r in records)
+
+
+def test_an_output_4_percent_off_fails_the_strict_check_though_the_lax_check_passes(tmp_path):
+    off_by_4_percent_fails_strictly(tmp_path)
+
+
+def test_a_strict_checker_that_ignores_the_bound_fails_that_test(tmp_path, monkeypatch):
+    """Negative: the check above can fail. A checker that reports every output as within its bound lets it through."""
+    checked = exact.check_strict
+    monkeypatch.setattr(strict_cases.exact, "check_strict", lambda *args: (True, *checked(*args)[1:]))
+    with pytest.raises(AssertionError):
+        off_by_4_percent_fails_strictly(tmp_path)
 
 
 def test_the_real_steps_cover_every_variant_and_format_and_keep_the_table_to_evidence():
@@ -124,7 +256,8 @@ def test_the_real_steps_cover_every_variant_and_format_and_keep_the_table_to_evi
     for fmt in hip_gfx950.FORMATS:
         for variant in hip_gfx950.OCCUPANCY:
             step = steps[f"selfcheck:{variant}:{fmt}"]
-            assert step.command[-3:] == ["hip_gfx950", variant, fmt] and step.env[hip_gfx950.MXFP4_OPT_IN] == "1"
+            assert step.command[-5:] == ["hip_gfx950", variant, fmt, "--results", "{results}"] and step.results
+            assert step.env[hip_gfx950.MXFP4_OPT_IN] == "1"
     assert bringup.MXFP4_OPT_IN == hip_gfx950.MXFP4_OPT_IN
     assert steps["autotune"].env[hip_gfx950.MXFP4_OPT_IN] is None       # the table: default routes only
     assert "mixed_mla/tables/mi355x.json" in steps["autotune"].command
@@ -134,6 +267,13 @@ def test_the_real_steps_cover_every_variant_and_format_and_keep_the_table_to_evi
     assert "{out}/mi355x-mxfp4-optin.json" in steps["autotune-mxfp4"].command
     assert steps["eval-test"].command[-2:] == ["test", "tests.txt"]
     assert steps["eval-benchmark"].command[-2:] == ["benchmark", "benchmarks.txt"]
+    # the leaderboard's cases again, checked strictly, on the default routes as eval.py runs them
+    for mode, case_file in (("test", "tests.txt"), ("benchmark", "benchmarks.txt")):
+        lax, strict = steps[f"eval-{mode}"], steps[f"strict-{mode}"]
+        assert lax.lax and not strict.lax and strict.results and strict.env == lax.env
+        assert strict.command[1:] == ["tools/strict_cases.py", case_file, "--results", "{results}", "--outputs",
+                                      "{out}/outputs/strict-" + mode]
+    assert [name for name, step in steps.items() if step.lax] == ["eval-test", "eval-benchmark"]
     assert steps["aiter-real"].absent_unless == ROOT / "tests/test_aiter_real.py"
     assert {"layouts:hip_gfx950", "layouts:aiter", "environment", "build", "bundle"} <= set(steps)
     assert all(s.timeout_s > 0 for s in steps.values())
@@ -144,12 +284,33 @@ def test_the_child_modes_run_here(tmp_path):
     """The self-check child and the environment child, on CPU with the torch backend (the real code path)."""
     tool = str(ROOT / "tools/mi355x_bringup.py")
     switched_off = dict(os.environ, MLA_SELFCHECK="0")   # the child turns the check back on
-    check = subprocess.run([sys.executable, tool, "--selfcheck-one", "torch", "", "fp8", "--device", "cpu"],
-                           capture_output=True, text=True, cwd=ROOT, env=switched_off)
+    results = tmp_path / "selfcheck.jsonl"
+    check = subprocess.run([sys.executable, tool, "--selfcheck-one", "torch", "", "fp8", "--device", "cpu",
+                            "--results", str(results)], capture_output=True, text=True, cwd=ROOT, env=switched_off)
     assert check.returncode == 0, check.stderr
-    assert json.loads(check.stdout)["passed"] is True and json.loads(check.stdout)["checked"] is True
+    records = bringup.read_records(results)
+    assert [(r["num_splits"], r["passed"]) for r in records] == [(1, True), (bringup.SELFCHECK_SPLITS, True)]
+    assert all(0 < r["error"] < r["bound"] == exact.STRICT_BOUND[("fp8", "torch")] for r in records)  # measured
+    assert [json.loads(text) for text in check.stdout.splitlines()] == records
     refused = subprocess.run([sys.executable, tool, "--selfcheck-one", "hip_gfx950", "occ3", "fp8", "--device",
                               "cpu"], capture_output=True, text=True, cwd=ROOT)
-    assert refused.returncode == 1 and "needs a ROCm build" in json.loads(refused.stdout)["problem"]
+    assert refused.returncode == 1
+    assert all("needs a ROCm build" in json.loads(text)["problem"] for text in refused.stdout.splitlines())
     facts = subprocess.run([sys.executable, tool, "--environment"], capture_output=True, text=True, cwd=ROOT)
     assert facts.returncode == 0 and "torch" in json.loads(facts.stdout)
+
+
+def test_the_strict_child_runs_the_submission_here(tmp_path):
+    """tools/strict_cases.py on the CPU cases with the real submission.py (the torch backend): every case passes
+    strictly on the format and path its plan names, and each output is kept."""
+    results = tmp_path / "strict.jsonl"
+    run = subprocess.run([sys.executable, str(ROOT / "tools/strict_cases.py"), "tests_cpu.txt", "--results",
+                          str(results), "--outputs", str(tmp_path / "outputs")], capture_output=True, text=True,
+                         cwd=ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = bringup.read_records(results)
+    assert [r["spec"] for r in records] == (ROOT / "tests_cpu.txt").read_text().splitlines()
+    for record in records:
+        assert record["backend"] == "torch" and record["passed"] and record["lax_passed"]
+        assert 0 < record["error"] < record["bound"] == exact.STRICT_BOUND[(record["kv_format"], "torch")]
+        assert Path(record["output"]).exists()

@@ -11,18 +11,27 @@ goes on to the next step. Steps, in order:
   bundle          submission.py matches the library (eval.py runs it)
   build           hip_gfx950.available(): the JIT build of the gfx950 kernels through load_inline, timed
   selfcheck:*     one process per (variant, format) of hip_gfx950: mixed_mla.selfcheck against exact attention
-                  (variable lengths, an empty segment, q_len 1-4, poisoned tails, one split and many); mxfp4 opted in
+                  (variable lengths, an empty segment, q_len 1-4, poisoned tails, one split and many); mxfp4 opted in;
+                  one result line per split count
   layouts:*       tests/test_properties.py per GPU backend: random layouts (q_len 0-4, empty segments, varlen,
                   16-128 heads) with NaN-poisoned tails, every format it serves (mxfp4 opted in)
-  eval-test       eval.py test tests.txt (the official checker's cases, as the leaderboard runs them)
-  eval-benchmark  eval.py benchmark benchmarks.txt
+  eval-test       eval.py test tests.txt (the official checker's cases, as the leaderboard runs them); its check is
+                  the leaderboard's lax one (rtol = atol = 0.1, which zeros pass at kv 8192): a pass is 'lax pass'
+  eval-benchmark  eval.py benchmark benchmarks.txt (the same lax check)
+  strict-test     tools/strict_cases.py on tests.txt: each case once through submission.custom_kernel, its output
+                  kept (outputs/) and checked against exact attention on the cache format its plan read, under the
+                  strict bound of the path that ran; one result line per case
+  strict-benchmark  the same on benchmarks.txt
   autotune        tools/autotune.py writing mixed_mla/tables/mi355x.json (default routes: mxfp4 NOT opted in)
   autotune-mxfp4  the same with mxfp4 opted in, into the report folder (evidence for turning it on by default)
   aiter-real      tests/test_aiter_real.py against the installed aiter ('absent' when the file is not there)
-The report (REPORT.md) has a summary table and each step's command, status, time and output tail; full logs go
-beside it in logs/. docs/mi355x.md says what to do with it.
+The report (REPORT.md) has a summary table, a pass/fail row per configuration (backend, variant, format, page size,
+splits) with its worst strict error, built from the self-check and strict steps' result lines (results/), and each
+step's command, status, time and output tail; full logs go beside it in logs/. A step with result lines passes only
+when it exits 0 having written some and every one passed strictly. docs/mi355x.md says what to do with it.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -47,6 +56,13 @@ PROBE_DISABLE_FILE = "gfx950-disable.txt"   # the probe tool's --disable-file, i
 GFX950_DISABLE = "MLA_GFX950_DISABLE"      # hip_gfx950.DISABLE_ENV
 # Exit codes with a meaning of their own.
 PYTEST_NO_TESTS = 5
+ENDED_EARLY = ("CRASH", "TIMEOUT")
+FAILED = ("FAIL",) + ENDED_EARLY
+LAX_PASS = "lax pass"       # a step whose check is the leaderboard's (rtol = atol = 0.1) exited 0: never a pass
+RESULTS_DIR = "results"     # in the report folder: the JSON lines of the steps that write them
+OUTPUTS_DIR = "outputs"     # in the report folder: the strict steps' outputs (torch.save; evidence, not to commit)
+# A result line's configuration: the report's table has one row per value (mixed_mla.planner.Plan's fields).
+CONFIGURATION = ("backend", "variant", "kv_format", "page_size", "num_splits")
 
 
 @dataclass
@@ -56,16 +72,28 @@ class Step:
     timeout_s: float
     env: dict = field(default_factory=dict)       # added to (or, for None values, removed from) the environment
     absent_unless: Path | None = None             # a file the step needs; without it the step is 'absent'
+    results: bool = False     # the step writes result lines (JSON, one per check) to the file "{results}" names
+    lax: bool = False         # its exit status is the leaderboard's lax check: 0 reads 'lax pass', never 'pass'
 
 
 @dataclass
 class Outcome:
     step: Step
-    status: str          # pass | FAIL | CRASH | TIMEOUT | absent | no tests
+    status: str          # pass | lax pass | FAIL | CRASH | TIMEOUT | absent | no tests
     detail: str
     seconds: float
     tail: str
     log: Path | None
+    records: list = field(default_factory=list)   # the step's result lines (Step.results), as dicts
+
+
+def configuration(plan) -> dict:
+    """A plan's CONFIGURATION fields, as a result line holds them."""
+    return {name: getattr(plan, name) for name in CONFIGURATION}
+
+
+def results_path(out: Path, step_name: str) -> Path:
+    return out / RESULTS_DIR / (step_name.replace(":", "-") + ".jsonl")
 
 
 def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
@@ -85,15 +113,20 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
              Step("environment", [python, tool, "--environment"], minutes(3), plain),
              Step("bundle", [python, "tools/bundle.py", "--check"], minutes(2), plain),
              Step("build", [python, tool, "--build"], minutes(20), plain)]
-    steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt],
-                   minutes(5), opted_in)
+    steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt,
+                                                  "--results", "{results}"], minutes(5), opted_in, results=True)
               for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY]
     steps += [Step(f"layouts:{backend}", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                           "tests/test_properties.py", "-k", f"cuda-{backend}"], minutes(30), opted_in)
               for backend in ("hip_gfx950", "aiter")]
-    steps += [Step("eval-test", [python, "eval.py", "test", "tests.txt"], minutes(15), opted_out),
-              Step("eval-benchmark", [python, "eval.py", "benchmark", "benchmarks.txt"], minutes(30), opted_out),
-              Step("autotune", [python, "tools/autotune.py", "--device-table", "mixed_mla/tables/mi355x.json"],
+    steps += [Step("eval-test", [python, "eval.py", "test", "tests.txt"], minutes(15), opted_out, lax=True),
+              Step("eval-benchmark", [python, "eval.py", "benchmark", "benchmarks.txt"], minutes(30), opted_out,
+                   lax=True)]
+    steps += [Step(f"strict-{mode}", [python, "tools/strict_cases.py", case_file, "--results", "{results}",
+                                      "--outputs", "{out}/" + f"{OUTPUTS_DIR}/strict-{mode}"],
+                   minutes(timeout), opted_out, results=True)
+              for mode, case_file, timeout in (("test", "tests.txt", 15), ("benchmark", "benchmarks.txt", 30))]
+    steps += [Step("autotune", [python, "tools/autotune.py", "--device-table", "mixed_mla/tables/mi355x.json"],
                    minutes(60), opted_out),
               Step("autotune-mxfp4", [python, "tools/autotune.py", "--device-table", "{out}/mi355x-mxfp4-optin.json",
                                       "--partial", "{out}/mi355x-mxfp4-optin.partial.jsonl"], minutes(60), opted_in),
@@ -113,9 +146,13 @@ def run_step(step: Step, out: Path) -> Outcome:
             env.pop(key, None)
         else:
             env[key] = value
-    command = [part.replace("{out}", str(out)) for part in step.command]
+    command = expand(step, out)
     log = out / "logs" / (step.name.replace(":", "-") + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
+    results = results_path(out, step.name)
+    if step.results:   # an earlier run's lines must not stand for this one's
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.unlink(missing_ok=True)
     start = time.monotonic()
     with open(log, "w") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT,
@@ -134,12 +171,48 @@ def run_step(step: Step, out: Path) -> Outcome:
     elif returncode < 0:
         status, detail = "CRASH", f"killed by {signal.Signals(-returncode).name}"
     elif returncode == 0:
-        status, detail = "pass", ""
+        status, detail = (LAX_PASS, "the leaderboard's check only (rtol = atol = 0.1)") if step.lax else ("pass", "")
     elif returncode == PYTEST_NO_TESTS and "pytest" in command:
         status, detail = "no tests", "pytest collected nothing (the backend is not available here)"
     else:
         status, detail = "FAIL", f"exit status {returncode}"
-    return Outcome(step, status, detail, seconds, tail, log)
+    records = read_records(results) if step.results else []
+    if step.results:
+        status, detail = judged_by_records(status, detail, records)
+    return Outcome(step, status, detail, seconds, tail, log, records)
+
+
+def expand(step: Step, out: Path) -> list:
+    """The step's command with {out} (the report folder) and {results} (its result lines' file) filled in."""
+    results = str(results_path(out, step.name))
+    return [part.replace("{results}", results).replace("{out}", str(out)) for part in step.command]
+
+
+def read_records(path: Path) -> list:
+    """The result lines of a file (a line cut short by a killed step is left out)."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def judged_by_records(status: str, detail: str, records: list) -> tuple:
+    """A step that writes result lines passes only with some, every one passed strictly (`passed` true), whatever
+    its exit status says; a crash or timeout keeps its own status."""
+    failed = sum(record.get("passed") is not True for record in records)
+    counted = f"{failed} of {len(records)} result line(s) failed strictly"
+    if status != "pass":
+        return status, "; ".join(part for part in (detail, counted if records else "") if part)
+    if not records:
+        return "FAIL", "exit status 0 but no result lines"
+    if failed:
+        return "FAIL", f"exit status 0 but {counted}"
+    return status, detail
 
 
 def apply_probe_verdicts(step: Step, out: Path) -> None:
@@ -163,13 +236,13 @@ def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Pat
         lines += ["## Machine", "", "```", environment.tail, "```", ""]
     lines += ["## Summary", "", "| step | status | seconds | detail |", "| --- | --- | ---: | --- |"]
     lines += [f"| {o.step.name} | {o.status} | {o.seconds:.1f} | {o.detail} |" for o in outcomes]
-    failed = [o.step.name for o in outcomes if o.status in ("FAIL", "CRASH", "TIMEOUT")]
+    failed = [o.step.name for o in outcomes if o.status in FAILED]
     lines += ["", f"{len(outcomes) - len(failed)} of {len(outcomes)} steps without a failure"
               + (f"; failed: {', '.join(failed)}" if failed else ""), ""]
-    lines += selfcheck_matrix(outcomes) + ["## Steps", ""]
+    lines += configuration_table(outcomes) + ["## Steps", ""]
     for o in outcomes:
         env = " ".join(f"{k}={v}" for k, v in o.step.env.items() if v is not None)
-        command = " ".join(part.replace("{out}", str(out)) for part in o.step.command)
+        command = " ".join(expand(o.step, out))
         lines += [f"### {o.step.name}: {o.status}", "",
                   f"`{(env + ' ') if env else ''}{command}` (timeout {o.step.timeout_s:.0f} s, took {o.seconds:.1f} s)"
                   + (f"; {o.detail}" if o.detail else ""), ""]
@@ -178,17 +251,53 @@ def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Pat
     return "\n".join(lines) + "\n"
 
 
-def selfcheck_matrix(outcomes: list) -> list:
-    """The self-check verdicts as a variant x format table (markdown lines; none without self-check steps)."""
-    verdicts = {tuple(o.step.name.split(":")[1:]): o.status for o in outcomes if o.step.name.startswith("selfcheck:")}
-    if not verdicts:
+def configuration_table(outcomes: list) -> list:
+    """A pass/fail row per configuration (CONFIGURATION) from the steps' result lines, with the worst strict error
+    and what checked it (markdown lines; none without result lines). A row passes only when every line of it passed
+    the strict bound; a line that failed strictly where the leaderboard's check passed says so."""
+    rows = {}
+    for o in outcomes:
+        for record in o.records:
+            rows.setdefault(tuple(record.get(name) for name in CONFIGURATION), []).append((o, record))
+    if not rows:
         return []
-    variants = list(dict.fromkeys(v for v, _ in verdicts))
-    formats = list(dict.fromkeys(f for _, f in verdicts))
-    lines = ["## Self-check of the gfx950 variants", "", f"| variant | {' | '.join(formats)} |",
-             "| --- |" + " --- |" * len(formats)]
-    lines += [f"| {v} | " + " | ".join(verdicts.get((v, f), "-") for f in formats) + " |" for v in variants]
+    lines = ["## Correctness per configuration (strict bound)", "",
+             "Relative L2 against exact float64 attention on the cache format read (mixed_mla.exact); pass only "
+             "when every check of the row met the bound of its (format, path).", "",
+             "| backend | variant | format | page size | splits | verdict | worst strict L2 | bound | checked by |",
+             "| --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
+    for key, checks in sorted(rows.items(), key=lambda item: tuple(str(part) for part in item[0])):
+        backend, variant, kv_format, page_size, splits = ("-" if part is None else part for part in key)
+        variant = variant or "''"   # aiter's v1_0 builder is the variant ""
+        verdict = "pass" if all(record.get("passed") is True for _, record in checks) else "FAIL"
+        errors = [record["error"] for _, record in checks if record.get("error") is not None]
+        worst = f"{max(errors):.4f}" if errors else "-"      # none measured: the check did not get that far
+        bounds = sorted({record["bound"] for _, record in checks if record.get("bound") is not None})
+        lines.append(f"| {backend} | {variant} | {kv_format} | {page_size} | {splits} | {verdict} | {worst} | "
+                     f"{', '.join(map(str, bounds)) or '-'} | {checked_by(checks)} |")
+    unfinished = [o for o in outcomes if o.step.results and o.status in ENDED_EARLY]
+    lines += [""] + [f"- {o.step.name} ended early ({o.status}) after {len(o.records)} result line(s): the checks "
+                     f"it did not reach have no row" for o in unfinished]
     return lines + [""]
+
+
+def checked_by(checks: list) -> str:
+    """Which steps checked a row, how many lines each (and whether the step ended before its last check), and what
+    each failed line says."""
+    counts, status = {}, {}
+    for o, _ in checks:
+        counts[o.step.name] = counts.get(o.step.name, 0) + 1
+        status[o.step.name] = o.status
+    parts = [f"{name} ({count}" + (f", then {status[name]}" if status[name] in ENDED_EARLY else "") + ")"
+             for name, count in counts.items()]
+    for o, record in checks:
+        if record.get("passed") is True:
+            continue
+        label = f"{o.step.name} {record['spec']}" if "spec" in record else o.step.name
+        error = record.get("error")
+        why = record.get("problem") or f"strict L2 {'-' if error is None else f'{error:.4f}'} > {record.get('bound')}"
+        parts.append(f"FAIL {label}: {why}" + ("; the lax check passed it" if record.get("lax_passed") else ""))
+    return "; ".join(parts).replace("|", "\\|").replace("\n", " ")   # one table cell
 
 
 def run(steps: list, out: Path, argv: list) -> list:
@@ -234,27 +343,60 @@ def build(device: str) -> int:
     return 0 if reason is None else 1
 
 
-def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str) -> int:
-    """The self-check of one (backend, variant, format) here; prints its verdict as JSON, exits 1 on failure."""
+def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str, results: Path | None) -> int:
+    """The self-check of one (backend, variant, format) here, per split class of its first-use key: a result line
+    each (printed, and appended to `results`), exit 1 unless both passed."""
     import torch
-    from mixed_mla import backends, selfcheck
+    from mixed_mla import backends, exact, selfcheck
     from mixed_mla.planner import Plan
     os.environ.pop(selfcheck.ENV_SWITCH, None)   # a check switched off would pass anything
     reason = backends.unavailable_reason(backend_name, str(torch.device(device)))
-    if reason is not None:
-        print(json.dumps({"passed": False, "problem": f"unavailable: {reason}"}))
-        return 1
-    start = time.monotonic()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        # both split classes of the first-use key (selfcheck.first_use_key): stage 1 alone, and the merge
-        passed = all([selfcheck.verified(backend_name, backends.module(backend_name).run,
-                                         Plan(backend_name, kv_format, splits, variant), torch.device(device))
-                      for splits in (1, SELFCHECK_SPLITS)])
-    problem = "; ".join(str(w.message) for w in caught) or None
-    print(json.dumps({"passed": passed, "checked": selfcheck.enabled(), "problem": problem,
-                      "seconds": round(time.monotonic() - start, 2)}))
-    return 0 if passed else 1
+    all_passed = True
+    # both split classes of the first-use key (selfcheck.first_use_key): stage 1 alone, and the merge
+    for plan in (Plan(backend_name, kv_format, splits, variant) for splits in (1, SELFCHECK_SPLITS)):
+        record = dict(configuration(plan), bound=exact.STRICT_BOUND.get((kv_format, backend_name)), error=None)
+        if reason is not None:
+            record.update(passed=False, problem=f"unavailable: {reason}")
+        else:
+            errors = []
+            start = time.monotonic()
+            with warnings.catch_warnings(record=True) as caught, measured_errors(selfcheck, errors):
+                warnings.simplefilter("always")
+                passed = selfcheck.verified(backend_name, backends.module(backend_name).run, plan,
+                                            torch.device(device))
+            record.update(passed=passed, error=errors[-1] if errors else None,
+                          problem="; ".join(str(w.message) for w in caught) or None,
+                          seconds=round(time.monotonic() - start, 2))
+        all_passed &= record["passed"]
+        write_record(record, results)   # as it is made: a fault in the next check keeps this one
+    return 0 if all_passed else 1
+
+
+def write_record(record: dict, results: Path | None) -> None:
+    """One result line, printed and appended to `results` (a non-finite error is written as JSON's Infinity / NaN,
+    which read_records reads back)."""
+    print(json.dumps(record), flush=True)
+    if results is not None:
+        with results.open("a") as sink:
+            sink.write(json.dumps(record) + "\n")
+
+
+@contextlib.contextmanager
+def measured_errors(selfcheck, into: list):
+    """Records each relative L2 error the self-check measures (its verdict returns only pass / fail; the report
+    shows the error too): selfcheck's relative_l2, wrapped while the block runs."""
+    measure = selfcheck.relative_l2
+
+    def recording(out, ref):
+        error = measure(out, ref)
+        into.append(error)
+        return error
+
+    selfcheck.relative_l2 = recording
+    try:
+        yield
+    finally:
+        selfcheck.relative_l2 = measure
 
 
 def main(argv=None) -> int:
@@ -269,19 +411,20 @@ def main(argv=None) -> int:
     parser.add_argument("--environment", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--selfcheck-one", nargs=3, metavar=("BACKEND", "VARIANT", "FORMAT"), help=argparse.SUPPRESS)
+    parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)   # the self-check child's result lines
     args = parser.parse_args(argv)
     if args.environment:
         return environment()
     if args.build:
         return build(args.device)
     if args.selfcheck_one:
-        return selfcheck_one(*args.selfcheck_one, args.device)
+        return selfcheck_one(*args.selfcheck_one, args.device, args.results)
     steps = default_steps(scale=args.timeout_scale)
     if args.steps:
         steps = [s for s in steps if any(s.name.startswith(prefix) for prefix in args.steps)]
     outcomes = run(steps, args.out, argv)
     print(f"report: {args.out / 'REPORT.md'}")
-    return 1 if any(o.status in ("FAIL", "CRASH", "TIMEOUT") for o in outcomes) else 0
+    return 1 if any(o.status in FAILED for o in outcomes) else 0
 
 
 if __name__ == "__main__":
