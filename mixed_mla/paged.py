@@ -27,7 +27,7 @@ from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_CO
                         V_HEAD_DIM)
 from .planner import Plan, device_arch, forced_backend, plan_for
 from .validate import (E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale, check_kv_format,
-                       normalized_cache)
+                       normalized_cache, raise_device_errors)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
@@ -192,9 +192,11 @@ class PagedDecodePlan:
                                  f"plan again")
         out, lse = api.allocate_outputs(q, out, lse, self.return_lse, lambda: self.check(
             q, kv_cache, qo_indptr, block_table, seq_lens, out))
-        kv, kv_aux = ops.split_cache(kv_cache)
-        getattr(torch.ops, ops.NAMESPACE).decode_paged(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse,
-                                                       self.op_id, float(sm_scale))
+        if torch.compiler.is_compiling():   # one opaque op for the graph; eagerly the op's dispatch costs ~30 us
+            kv, kv_aux = ops.split_cache(kv_cache)
+            ops.decode_paged(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse, self.op_id, float(sm_scale))
+        else:
+            self.checked_launch(q, kv_cache, qo_indptr, block_table, seq_lens, out, lse, sm_scale)
         return (out, lse) if self.return_lse else out
 
     def check(self, q, kv_cache, qo_indptr, block_table, seq_lens, out) -> PagedCache:
@@ -236,6 +238,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     device = torch.device(device) if device is not None else qo_indptr.device
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    raise_device_errors(device)   # a violation a kernel recorded since the last plan, as api.plan raises it
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"num_heads {num_heads} is not supported; supported: {SUPPORTED_NUM_HEADS}")
@@ -244,8 +247,12 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
         raise ValueError(f"block_table (batch, max_pages) must match qo_indptr (batch + 1,) with batch >= 1 and "
                          f"page_size >= 1; got {tuple(block_table.shape)}, {tuple(qo_indptr.shape)}, {page_size}")
     batch, max_pages = block_table.shape
-    if max_q_len is None:
-        max_q_len = max(1, int(qo_indptr.diff().max()))
+    if max_q_len is None:   # one sync; the contents are checked as api.plan checks what it reads
+        steps = qo_indptr.diff()
+        first, shortest, longest = torch.stack((qo_indptr[0], steps.min(), steps.max())).tolist()
+        if first != 0 or shortest < 0:
+            raise ValueError("qo_indptr must start at 0 and never decrease")
+        max_q_len = max(1, longest)
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse,
                             strided_pages, strict)

@@ -68,8 +68,9 @@ class Plan:
     variant: str = ""
     page_size: int = 1
     source: str = "heuristic"
-    # Splits merged inside the split kernel (one launch) instead of by a second kernel, where the backend can
-    # (fuses_merge). Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52).
+    # cuda_sm90: splits merged inside the split kernel (one launch) instead of by a second kernel (fuses_merge).
+    # Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52). hip_gfx950 names
+    # its fused kernels as variants (fused_occN, opt-in) and leaves this False.
     fused: bool = False
 
 

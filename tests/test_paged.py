@@ -263,3 +263,19 @@ def test_pages_that_are_not_back_to_back(kv_format):
     back_to_back = paged.plan_paged(qo, table, lens, num_heads=8, kv_format=kv_format, page_size=16)
     with pytest.raises(ValueError, match="not back to back .* plan with strided_pages=True"):
         back_to_back.run(q, strided, qo, table, lens)
+
+
+def test_plan_paged_checks_the_query_indptr_it_reads_and_raises_recorded_device_errors(monkeypatch):
+    """plan_paged reads max_q_len from qo_indptr like api.plan (a decreasing one is refused, not planned around) and
+    first raises a violation a kernel recorded on the device since the last plan, as api.plan does."""
+    q, cache, _, qo, _, table, lens = make_paged_case([1, 2], [40, 9], 8, 16, "bf16", seed=3, device="cpu")
+    assert paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8).max_q_len == 2
+    with pytest.raises(ValueError, match="never decrease"):
+        paged.plan_paged(torch.tensor([0, 2, 1], dtype=torch.int32), table, lens, num_heads=16, kv_format="bf16",
+                         page_size=8)
+
+    def recorded(device):
+        raise RuntimeError("a kernel recorded a bad index")
+    monkeypatch.setattr(paged, "raise_device_errors", recorded)
+    with pytest.raises(RuntimeError, match="recorded a bad index"):
+        paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8)

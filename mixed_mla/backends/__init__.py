@@ -128,7 +128,8 @@ def check_workspace_buffer(buffer, device, needed: int) -> None:
     """A caller's workspace: a contiguous uint8 tensor on `device` of at least `needed` bytes, aligned (when any
     is needed) to WORKSPACE_ALIGNMENT; else a ValueError saying what is wrong."""
     if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8:
-        raise ValueError(f"workspace must be a uint8 torch.Tensor, got {getattr(buffer, 'dtype', type(buffer).__name__)}")
+        got = getattr(buffer, "dtype", type(buffer).__name__)
+        raise ValueError(f"workspace must be a uint8 torch.Tensor, got {got}")
     if buffer.device != torch.device(device):
         raise ValueError(f"workspace is on {buffer.device} but the plan is for {device}")
     if not buffer.is_contiguous():

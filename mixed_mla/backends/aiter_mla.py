@@ -14,8 +14,8 @@ construction: it reads the current contents, in stream order, before the kernel 
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
 queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation (4), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below
-(3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
+alignment assertion), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation (4), the v1_0
+length assertion (3, v1_0 calls only), the zero-fix below (3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
 timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
 all of this included.
 
@@ -607,7 +607,7 @@ def v1_0_agrees(generation, arch, num_heads, max_q_len, fp8) -> bool:
 
 
 def metadata_choice(plan, arch, total_q, batch, max_q_len, num_heads, q_dtype, kv_dtype,
-                    generation=API_2026_03) -> MetadataChoice:
+                    generation) -> MetadataChoice:
     """The builder and arguments for one call, from host-visible facts only (no indptr contents).
 
     max_q_len bounds every segment's query count (the API contract), so total_q == batch * max_q_len means every

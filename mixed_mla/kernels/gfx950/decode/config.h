@@ -51,7 +51,8 @@ constexpr int PV_TOKENS_PER_LANE = 8;                                   // K of 
 constexpr int Q_AMAX_EXPONENT = 8;     // frexp exponent of the scaled amax: amax * 2^s = m * 2^8, m in [0.5, 1)
 // s is capped so that 2^s, 2^-s and the score multiplier stay finite normal floats (2^128 overflows
 // [v_ldexp_f32]): a head with amax below 2^-56 is scaled less than [128, 256) and loses its smallest values to
-// e4m3's subnormals, but its scores (|k| <= 512) are then below 2^-40 and vanish next to the softmax's exp2(0) = 1 anyway.
+// e4m3's subnormals, but its scores (|k| <= 512) are then below 2^-40 and vanish next to the softmax's exp2(0) = 1
+// anyway.
 // An all-zero head has frexp exponent 0 [v_frexp_exp_i32_f32], so s = 8: finite too.
 constexpr int Q_MAX_SHIFT = 64;
 

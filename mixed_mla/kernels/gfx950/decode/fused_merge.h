@@ -19,7 +19,7 @@
 // arriver reads were all written in this call (every split has arrived). An aborted call (a fault mid-kernel) can
 // leave a counter non-zero; on ROCm a GPU fault ends the process's context, so no later call sees it, and a plan's
 // workspace is made zeroed (hip_gfx950.make_workspace). Two calls that share one workspace must not overlap in time
-// (the partials are shared too): one stream per plan.
+// (the partials are shared too): plans sharing a workspace run on one stream, one call after another.
 #pragma once
 #include "prelude.h"
 #include "config.h"

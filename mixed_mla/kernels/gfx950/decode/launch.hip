@@ -1,6 +1,7 @@
 // Host side of the gfx950 decode: picks the stage-1 instantiation and launches stage 1 (+ the merge when the
-// KV range is split, unless the kernel is a fused one that merges itself) on the caller's stream. Built by hipcc inside torch's load_inline together with the
-// kernel files; binding.cpp calls `launch_decode`, so the C++ that includes torch never sees HIP types.
+// KV range is split, unless the kernel is a fused one that merges itself) on the caller's stream. Built by hipcc
+// inside torch's load_inline together with the kernel files; binding.cpp calls `launch_decode`, so the C++ that
+// includes torch never sees HIP types.
 // load_inline joins the kernel files and this one into ONE hipified translation unit (hip.hip, behind
 // <torch/types.h> and <hip/hip_runtime.h>): no file may define what another defines, or what HIP names.
 #include "prelude.h"
