@@ -44,7 +44,7 @@ class PagedCache:
     # the (num_pages, page_size, row) tensors: (bf16,), (fp8 data,) or (mxfp4 codes, scales), whatever their page
     # stride (append_paged writes through them, so a write lands in the caller's storage)
     pages: tuple = field(repr=False, compare=False)
-    fp8_scale: Optional[torch.Tensor] = field(repr=False, compare=False)   # the fp8 scale, 0-dim or (1,); None for the others
+    fp8_scale: Optional[torch.Tensor] = field(repr=False, compare=False)   # 0-dim or (1,); None: not fp8
 
 
 def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
