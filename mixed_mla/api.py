@@ -23,7 +23,8 @@ import torch
 from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import check_inputs, check_kv_format, checked_segment_lengths, normalized_cache, raise_device_errors
+from .validate import (check_inputs, check_kv_format, checked_segment_lengths, indexed_device, normalized_cache,
+                       raise_device_errors)
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Backends whose first use per (variant, format, page size) in a process is checked against exact attention
@@ -176,9 +177,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     cannot). Plans sharing one must not run concurrently (docs/design.md#caller-owned-workspace). None: its own.
     Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
-    device = torch.device(device) if device is not None else qo_indptr.device
-    if device.type == "cuda" and device.index is None:   # compare equal to the tensors' "cuda:N" later
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
     raise_device_errors(device)
     if kv_format is not None:
         check_kv_format(kv_format)

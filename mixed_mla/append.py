@@ -20,13 +20,13 @@ Bad slots (below -1, past the cache, or one slot twice) and a non-positive or no
 """
 import torch
 
-from .constants import MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM
-from .formats import FP8_DTYPE, as_uint8, encode_fp8, encode_mxfp4_rows
-from .validate import E8M0_DTYPES, PACKED_FP4_DTYPES, check_kv_format, check_tensor
+from .constants import MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
+from .formats import as_uint8, encode_fp8, encode_mxfp4_rows
+from .paged import paged_cache_of
+from .validate import check_kv_format, check_tensor, indexed_device
 
 SKIP_SLOT = -1                                   # vLLM's PAD_SLOT_ID: a padded token that has no slot
 SLOT_DTYPES = (torch.int64, torch.int32)         # vLLM's slot_mapping is int64; int32 is accepted too
-FP8_STORAGE_DTYPES = (FP8_DTYPE, torch.uint8)    # vLLM holds its fp8 cache as uint8
 # Violation bits of the append flag, as the device-side check sets them.
 FLAG_SLOT_OUT_OF_RANGE = 1
 FLAG_SLOT_REPEATED = 2
@@ -43,7 +43,9 @@ def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> N
     kv_cache, as plan_paged / decode_paged read it: "bf16" a (num_pages, page_size, 576) bf16 tensor; "fp8" a pair
     (data (num_pages, page_size, 576) e4m3fn or uint8, scale float32 0-dim or (1,)), the scale static, chosen by the
     caller; "mxfp4" a pair (packed (num_pages, page_size, 288) fp4x2 or uint8, scales (num_pages, page_size, 24)
-    e8m0 or uint8). Slot s is row s % page_size of page s // page_size; -1 skips its row; slots must be distinct.
+    e8m0 or uint8), each parsed by paged.paged_cache_of as decode_paged parses it: pages may lie further apart than
+    page_size rows (a view into a larger buffer), the bytes between them left alone. Slot s is row s % page_size of
+    page s // page_size; -1 skips its row; slots must be distinct.
     validate: None checks the slots on the host for CPU tensors and on the device for others (the module docstring);
     True always on the host (one sync on a GPU), raising before any write; False always on the device.
     """
@@ -51,10 +53,10 @@ def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> N
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"rows must be a torch.Tensor, got {type(rows).__name__}")
     device = rows.device
-    _check("rows", rows, (torch.bfloat16,), device)
+    check_tensor("rows", rows, (torch.bfloat16,), device, anchor="rows")
     if rows.dim() != 2 or rows.shape[1] != QK_HEAD_DIM:
         raise ValueError(f"rows must have shape (num_tokens, {QK_HEAD_DIM}), got {tuple(rows.shape)}")
-    _check("slot_mapping", slot_mapping, SLOT_DTYPES, device)
+    check_tensor("slot_mapping", slot_mapping, SLOT_DTYPES, device, anchor="rows")
     if tuple(slot_mapping.shape) != (rows.shape[0],):
         raise ValueError(f"slot_mapping must have shape ({rows.shape[0]},) (one slot per row), got "
                          f"{tuple(slot_mapping.shape)}")
@@ -76,40 +78,16 @@ def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> N
 
 def _cache_parts(kv_cache, kv_format, device):
     """(the uint8 / bf16 views each row is written into, the fp8 scale or None, (num_pages, page_size)) of a cache of
-    the declared format; raises on any other dtype, shape or device."""
-    if kv_format == "bf16":
-        _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
-        return [kv_cache], None, tuple(kv_cache.shape[:2])
-    parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
-    if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
-        raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")
-    data, aux = kv_cache
-    if kv_format == "fp8":
-        _check_pages("fp8 kv data", data, FP8_STORAGE_DTYPES, QK_HEAD_DIM, device)
-        _check("fp8 kv scale", aux, (torch.float32,), device)
-        if aux.numel() != 1 or aux.dim() > 1:
-            raise ValueError(f"fp8 kv scale must be a 0-dim or (1,) float32 tensor, got shape {tuple(aux.shape)}")
-        return [as_uint8(data)], aux.reshape(()), tuple(data.shape[:2])
-    _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
-    _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device)
-    if aux.shape[:2] != data.shape[:2]:
-        raise ValueError(f"mxfp4 scales must have the pages of the codes, {tuple(data.shape[:2])}, got "
-                         f"{tuple(aux.shape[:2])}")
-    return [as_uint8(data), as_uint8(aux)[..., :MXFP4_BLOCKS_PER_ROW]], None, tuple(data.shape[:2])
+    the declared format, parsed as decode_paged parses it (paged.paged_cache_of); raises on anything else.
 
-
-def _check(name, t, dtypes, device):
-    """validate.check_tensor (type, dtype, contiguity), its device error naming the rows rather than q."""
-    if isinstance(t, torch.Tensor) and t.device != device:
-        raise RuntimeError(f"{name} is on {t.device} but rows are on {device}: every input must be on one device")
-    check_tensor(name, t, dtypes, device)
-
-
-def _check_pages(name, t, dtypes, row_width, device):
-    _check(name, t, dtypes, device)
-    if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
-                         f"{tuple(t.shape)}")
+    The views are dtype views and slices of the caller's tensors, never reshapes: they keep its strides, so a write
+    through them lands in its storage whatever its page stride (a reshape of strided pages would copy)."""
+    cache = paged_cache_of(kv_cache, kv_format, device, anchor="rows")
+    parts = [page if page.dtype == torch.bfloat16 else as_uint8(page) for page in cache.pages]
+    if kv_format == "mxfp4":
+        parts[1] = parts[1][..., :MXFP4_BLOCKS_PER_ROW]   # the padding scale columns are left as they were
+    scale = None if cache.fp8_scale is None else cache.fp8_scale.reshape(())
+    return parts, scale, (cache.num_pages, cache.page_size)
 
 
 def _violations(slots, num_slots, scale) -> torch.Tensor:
@@ -159,6 +137,8 @@ def _write(parts, new_bytes, slots, writable, page_size) -> None:
     A row that is not written is redirected to the first writable row's slot, carrying that row's bytes, so every
     index is in bounds and repeated indices carry identical bytes (index_put_ with repeats is deterministic then).
     When no row is writable, every index is the first slot clamped into the cache, carrying the bytes already there.
+    Each index is a (page, row in page) pair into the caller's 3-D tensor, never a flat row of a reshape: a reshape
+    of strided pages would be a copy, and the write would miss the caller's storage.
     """
     anchor = torch.argmax(writable.to(torch.uint8))   # the first writable row; 0 when there is none
     source = torch.where(writable, torch.arange(slots.shape[0], device=slots.device), anchor)
@@ -173,7 +153,7 @@ def _write(parts, new_bytes, slots, writable, page_size) -> None:
 
 def append_error_flag(device) -> torch.Tensor:
     """The violation bits that unvalidated appends on `device` recorded (made on first use; one per device)."""
-    device = _indexed(device)
+    device = indexed_device(device)
     flag = _error_flags.get(device)
     if flag is None:
         flag = torch.zeros((), dtype=torch.int32, device=device)
@@ -186,7 +166,7 @@ def raise_append_errors(device=None) -> None:
 
     One device->host copy per device; the appends that broke a rule wrote nothing.
     """
-    devices = list(_error_flags) if device is None else [_indexed(device)]
+    devices = list(_error_flags) if device is None else [indexed_device(device)]
     for key in devices:
         flag = _error_flags.get(key)
         if flag is None:
@@ -197,10 +177,3 @@ def raise_append_errors(device=None) -> None:
             broken = "; ".join(text for bit, text in _VIOLATIONS if bits & bit)
             raise ValueError(f"an append_paged call on {key} was given {broken}: it wrote nothing")
 
-
-def _indexed(device) -> torch.device:
-    """`device` with its index ("cuda" -> "cuda:N", the current one), as tensors report theirs."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device

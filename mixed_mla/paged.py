@@ -16,9 +16,11 @@ lengths and block tables within those bounds, and the cuda_sm90 route is CUDA-gr
 Pages need not be back to back: a cache whose pages lie `page stride` elements apart (>= page_size x row, rows
 within a page contiguous: a view into a larger buffer) is read by backends whose SPEC.strided_pages is True (torch;
 the compiled kernels' params carry one flat row stride) when the plan is made with strided_pages=True; a plan
-without it refuses such a cache. return_lse and strict as in api.py; the kv_format is always the caller's.
+without it refuses such a cache. append_paged writes into such a cache in place (the gaps left alone).
+return_lse and strict as in api.py; the kv_format is always the caller's.
 """
 from dataclasses import dataclass, field, replace
+from typing import Optional
 
 import torch
 
@@ -27,51 +29,51 @@ from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_CO
                         V_HEAD_DIM)
 from .planner import Plan, device_arch, forced_backend, plan_for
 from .validate import (E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale, check_kv_format,
-                       normalized_cache, raise_device_errors)
+                       check_placement, indexed_device, normalized_cache, raise_device_errors)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
 
 @dataclass(frozen=True)
 class PagedCache:
-    """What validation learnt of a paged cache: its format and geometry."""
+    """What validation learnt of a paged cache: its format and geometry, and its tensors as the caller gave them."""
     kv_format: str
     num_pages: int
     page_size: int
     pages_back_to_back: bool   # every tensor's page stride is page_size x row (else larger: strided pages)
+    # the (num_pages, page_size, row) tensors: (bf16,), (fp8 data,) or (mxfp4 codes, scales), whatever their page
+    # stride (append_paged writes through them, so a write lands in the caller's storage)
+    pages: tuple = field(repr=False, compare=False)
+    fp8_scale: Optional[torch.Tensor] = field(repr=False, compare=False)   # 0-dim or (1,); None: not fp8
 
 
-def paged_cache_of(kv_cache, kv_format, device) -> PagedCache:
+def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
     """The geometry of a paged cache of the declared format (bf16 tensor, fp8 (data, scale), mxfp4 (packed,
-    scales)); raises on any other structure, dtype, shape or device, naming that format."""
+    scales)); raises on any other structure, dtype, shape, stride or device, naming that format (and `anchor`, the
+    input whose device every tensor must share). decode_paged and append_paged both parse caches here."""
     check_kv_format(kv_format)
     if kv_format == "bf16":
-        back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
-        return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back)
+        back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device, anchor)
+        return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
     parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
     if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
         raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")
     data, aux = kv_cache
     if kv_format == "fp8":
-        back_to_back = _check_pages("fp8 kv data", data, FP8_DATA_DTYPES, QK_HEAD_DIM, device)
-        check_fp8_scale(aux, device)
-        return PagedCache("fp8", data.shape[0], data.shape[1], back_to_back)
-    back_to_back = _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device)
-    back_to_back &= _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device)
+        back_to_back = _check_pages("fp8 kv data", data, FP8_DATA_DTYPES, QK_HEAD_DIM, device, anchor)
+        check_fp8_scale(aux, device, anchor)
+        return PagedCache("fp8", data.shape[0], data.shape[1], back_to_back, (data,), aux)
+    back_to_back = _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device, anchor)
+    back_to_back &= _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device, anchor)
     if aux.shape[:2] != data.shape[:2]:
         raise ValueError(f"mxfp4 scales must have the pages of the codes, {tuple(data.shape[:2])}, got "
                          f"{tuple(aux.shape[:2])}")
-    return PagedCache("mxfp4", data.shape[0], data.shape[1], back_to_back)
+    return PagedCache("mxfp4", data.shape[0], data.shape[1], back_to_back, (data, aux), None)
 
 
-def _check_pages(name, t, dtypes, row_width, device) -> bool:
+def _check_pages(name, t, dtypes, row_width, device, anchor) -> bool:
     """Check one paged tensor; True when its pages are back to back (False: a larger page stride)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
-    if t.device != device:
-        raise RuntimeError(f"{name} is on {t.device} but q is on {device}: every input must be on one device")
+    check_placement(name, t, dtypes, device, anchor)
     if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
         raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
                          f"{tuple(t.shape)}")
@@ -235,9 +237,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
     api.plan's.
     """
-    device = torch.device(device) if device is not None else qo_indptr.device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = indexed_device(device if device is not None else qo_indptr.device)
     raise_device_errors(device)   # a violation a kernel recorded since the last plan, as api.plan raises it
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:

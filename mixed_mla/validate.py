@@ -38,8 +38,8 @@ def check_kv_format(kv_format: str) -> None:
         raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(KV_FORMATS)}")
 
 
-def check_fp8_scale(scale, device) -> None:
-    check_tensor("fp8 kv scale", scale, (torch.float32,), device)
+def check_fp8_scale(scale, device, anchor: str = "q") -> None:
+    check_tensor("fp8 kv scale", scale, (torch.float32,), device, anchor)
     if tuple(scale.shape) not in FP8_SCALE_SHAPES:
         raise ValueError(f"fp8 kv scale must be one float32, shape () or (1,), got {tuple(scale.shape)}")
 
@@ -57,16 +57,31 @@ def normalized_cache(kv_cache, kv_format: str):
     return data, scale
 
 
-def check_tensor(name: str, t, dtypes, device: torch.device) -> None:
-    """Raise a clear error unless `t` is a contiguous tensor of one of `dtypes` on `device` (TypeError, RuntimeError,
-    ValueError); the contiguous and the paged checks share it."""
+def indexed_device(device) -> torch.device:
+    """`device` as tensors report theirs: "cuda" -> "cuda:N" (the current one), so it compares equal to a tensor's
+    device and keys one entry per device in the error-flag tables."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def check_placement(name: str, t, dtypes, device: torch.device, anchor: str = "q") -> None:
+    """Raise a clear error unless `t` is a tensor of one of `dtypes` on `device` (TypeError, RuntimeError); `anchor`
+    names the input whose device every other must share (q for a decode, rows for an append)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         expected = " or ".join(str(d) for d in dict.fromkeys(dtypes))
         raise TypeError(f"{name} must have dtype {expected}, got {t.dtype}")
     if t.device != device:
-        raise RuntimeError(f"{name} is on {t.device} but q is on {device}: every input must be on one device")
+        raise RuntimeError(f"{name} is on {t.device}, not on {device} with {anchor}: every input must be on one device")
+
+
+def check_tensor(name: str, t, dtypes, device: torch.device, anchor: str = "q") -> None:
+    """check_placement, and contiguous (ValueError otherwise); the contiguous checks and append's share it (the paged
+    caches check their own strides, paged.py)."""
+    check_placement(name, t, dtypes, device, anchor)
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (strides {tuple(t.stride())} for shape {tuple(t.shape)})")
 
@@ -229,6 +244,7 @@ def longest_segments(qo_host: list, kv_host: list):
 
 def device_error_flag(device: torch.device) -> torch.Tensor:
     """The error flag the compiled kernels on `device` write (made on first use; one per device)."""
+    device = indexed_device(device)
     flag = _error_flags.get(device)
     if flag is None:
         flag = torch.tensor([0, _NO_SEGMENT], dtype=torch.int32, device=device)
@@ -242,7 +258,7 @@ def raise_device_errors(device=None) -> None:
     Reads the flag after the work queued on the current stream (one device->host copy); nothing to read on a
     device where no compiled kernel ran.
     """
-    devices = list(_error_flags) if device is None else [torch.device(device)]
+    devices = list(_error_flags) if device is None else [indexed_device(device)]
     for key in devices:
         flag = _error_flags.get(key)
         if flag is None:

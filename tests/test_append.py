@@ -109,6 +109,32 @@ def test_a_wrong_encoding_is_seen(kv_format):
         _check_slots(cache, expected, slots, kv_format)
 
 
+def _slots_of(pages, length, page_size):
+    """vLLM's slot of each position of a sequence held in `pages` (a block-table row)."""
+    positions = torch.arange(length)
+    return (pages[positions // page_size] * page_size + positions % page_size).long()
+
+
+def _decode_error(cache, rows, pages, kv_format, scale, strided_pages=False):
+    """decode_paged on the sequence of `rows` in `pages` of `cache` (one-shot, and through a plan made with
+    strided_pages), against exact attention on the contiguous cache of those rows: the worse strict error."""
+    length = rows.shape[0]
+    q = _rows(16, seed=4, device="cpu").reshape(1, 16, QK_HEAD_DIM)
+    qo = torch.tensor([0, 1], dtype=torch.int32)
+    table, lens = pages.reshape(1, -1), torch.tensor([length], dtype=torch.int32)
+    planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format=kv_format, page_size=_page_size_of(cache),
+                               strided_pages=strided_pages)
+    outs = (paged.decode_paged(q, cache, qo, table, lens, kv_format=kv_format), planned.run(q, cache, qo, table, lens))
+    contiguous = {"bf16": lambda r: r, "fp8": lambda r: (formats.encode_fp8(r, scale), scale),
+                  "mxfp4": formats.quantize_mxfp4}[kv_format](rows.reshape(length, 1, QK_HEAD_DIM))
+    kv_indptr = torch.tensor([0, length], dtype=torch.int32)
+    return max(exact.strict_error(out, q, contiguous, kv_format, qo, kv_indptr, DEFAULT_SM_SCALE) for out in outs)
+
+
+def _page_size_of(cache):
+    return (cache if isinstance(cache, torch.Tensor) else cache[0]).shape[1]
+
+
 @pytest.mark.parametrize("kv_format", KV_FORMATS)
 def test_a_sequence_appended_token_by_token_decodes_as_its_contiguous_cache(kv_format):
     """A prompt appended at once, then single tokens across page boundaries, through a block table whose pages are
@@ -118,19 +144,58 @@ def test_a_sequence_appended_token_by_token_decodes_as_its_contiguous_cache(kv_f
     _, scale = _whole_cache_bytes(rows, kv_format)
     pages = torch.tensor([4, 0, 6, 2, 5], dtype=torch.int32)
     cache = _empty_cache(kv_format, 8, page_size, "cpu", scale=scale)
-    slot_of = (pages[torch.arange(length) // page_size] * page_size + torch.arange(length) % page_size).long()
+    slot_of = _slots_of(pages, length, page_size)
     mixed_mla.append_paged(cache, rows[:prompt], slot_of[:prompt], kv_format=kv_format)
     for position in range(prompt, length):
         mixed_mla.append_paged(cache, rows[position:position + 1], slot_of[position:position + 1], kv_format=kv_format)
-    q = _rows(16, seed=4, device="cpu").reshape(1, 16, QK_HEAD_DIM)
-    qo = torch.tensor([0, 1], dtype=torch.int32)
-    lens = torch.tensor([length], dtype=torch.int32)
-    out = paged.decode_paged(q, cache, qo, pages.reshape(1, -1), lens, kv_format=kv_format)
-    contiguous = {"bf16": lambda r: r, "fp8": lambda r: (formats.encode_fp8(r, scale), scale),
-                  "mxfp4": formats.quantize_mxfp4}[kv_format](rows.reshape(length, 1, QK_HEAD_DIM))
-    kv_indptr = torch.tensor([0, length], dtype=torch.int32)
-    err = exact.strict_error(out, q, contiguous, kv_format, qo, kv_indptr, DEFAULT_SM_SCALE)
-    assert err <= exact.STRICT_BOUND[(kv_format, "torch")]
+    assert _decode_error(cache, rows, pages, kv_format, scale) <= exact.STRICT_BOUND[(kv_format, "torch")]
+
+
+def _strided_cache(kv_format, num_pages, page_size, gap_rows, scale):
+    """_empty_cache's cache as views into POISON buffers with gap_rows rows after each page (pages further apart than
+    page_size rows, as paged.py reads with strided_pages): (the cache, its uint8 buffers)."""
+    dense = _empty_cache(kv_format, num_pages, page_size, "cpu", scale=scale)
+    views, buffers = [], []
+    for part in (dense,) if kv_format == "bf16" else dense:
+        if part.dim() != 3:   # the fp8 scale
+            views.append(part)
+            continue
+        row_bytes = part.shape[2] * part.element_size()
+        buffer = torch.full((num_pages, page_size + gap_rows, row_bytes), POISON, dtype=torch.uint8)
+        buffers.append(buffer)
+        views.append(buffer[:, :page_size].view(part.dtype))
+    return (views[0] if kv_format == "bf16" else tuple(views)), buffers
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("validate", [True, False], ids=["host-validated", "device-flag"])
+def test_a_strided_cache_is_appended_in_place(kv_format, validate):
+    """Pages 5 rows further apart than page_size rows: append_paged writes the caller's storage, the bytes it writes
+    into back-to-back pages, and never a byte between pages; a strided_pages plan (and decode_paged) then reads
+    exact attention. The negative control: appending into a copy of the pages (what a reshape of strided pages
+    gives) leaves the caller's buffer as it was, which the comparison sees."""
+    page_size, num_pages, gap_rows, length, prompt = 16, 6, 5, 70, 41
+    rows = _rows(length, seed=12, device="cpu")
+    _, scale = _whole_cache_bytes(rows, kv_format)
+    pages = torch.tensor([3, 0, 5, 1, 4], dtype=torch.int32)
+    slot_of = _slots_of(pages, length, page_size)
+    strided, buffers = _strided_cache(kv_format, num_pages, page_size, gap_rows, scale)
+    assert not paged.paged_cache_of(strided, kv_format, torch.device("cpu")).pages_back_to_back
+    dense = _empty_cache(kv_format, num_pages, page_size, "cpu", scale=scale)
+    for cache in (strided, dense):
+        for start, stop in ((0, prompt), (prompt, prompt + 1), (prompt + 1, length)):
+            mixed_mla.append_paged(cache, rows[start:stop], slot_of[start:stop], kv_format=kv_format,
+                                   validate=validate)
+    append.raise_append_errors("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(_byte_rows(strided), _byte_rows(dense)))
+    assert all(bool((buffer[:, page_size:] == POISON).all()) for buffer in buffers)
+    assert _decode_error(strided, rows, pages, kv_format, scale, strided_pages=True) <= \
+        exact.STRICT_BOUND[(kv_format, "torch")]
+
+    untouched, _ = _strided_cache(kv_format, num_pages, page_size, gap_rows, scale)
+    copied = tuple(t.contiguous() for t in untouched) if isinstance(untouched, tuple) else untouched.contiguous()
+    mixed_mla.append_paged(copied, rows, slot_of, kv_format=kv_format, validate=validate)
+    assert not all(torch.equal(a, b) for a, b in zip(_byte_rows(untouched), _byte_rows(dense)))
 
 
 BAD_SLOTS = [
@@ -178,6 +243,49 @@ def test_a_bad_fp8_scale_writes_nothing(scale):
     with pytest.raises(ValueError, match="finite positive"):
         mixed_mla.append_paged(cache, rows, torch.tensor([0, 1]), kv_format="fp8")
     assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    mixed_mla.append_paged(cache, rows, torch.tensor([0, 1]), kv_format="fp8", validate=False)
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    assert int(append.append_error_flag("cpu")) == append.FLAG_BAD_FP8_SCALE
+    with pytest.raises(ValueError, match="an fp8 scale that is not a finite positive number: it wrote nothing"):
+        append.raise_append_errors("cpu")
+
+
+# (slots into a 4 x 16 cache, the flag bits they set): where the first writable row is not row 0, where none is,
+# where the first slot itself is out of range (its clamp is the index every row is redirected to)
+UNVALIDATED_SLOTS = [
+    pytest.param([-1, -1, 5, 40, -1], 0, id="skips-before-the-first-written-row"),
+    pytest.param([-1, -1, -1], 0, id="every-row-skipped"),
+    pytest.param([63, 0], 0, id="both-ends-of-the-cache"),
+    pytest.param([64, -1, 3], append.FLAG_SLOT_OUT_OF_RANGE, id="first-slot-past-the-cache"),
+    pytest.param([-1, -9, 3], append.FLAG_SLOT_OUT_OF_RANGE, id="below-skip-after-a-skip"),
+    pytest.param([-1, 8, 2, 8], append.FLAG_SLOT_REPEATED, id="repeated"),
+    pytest.param([8, 8, 99], append.FLAG_SLOT_OUT_OF_RANGE | append.FLAG_SLOT_REPEATED, id="repeated-and-past"),
+]
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("slots,bits", UNVALIDATED_SLOTS)
+def test_the_unvalidated_path_redirects_every_unwritten_row(kv_format, slots, bits):
+    """validate=False on the CPU runs the device path (append._write: no sync, every row that is not written
+    redirected to an in-bounds index carrying bytes that change nothing). Good slots: each written slot holds its
+    row's bytes and every other byte is POISON (a redirect that carried the wrong bytes fails this), no flag. Bad
+    slots: no byte changes, the flag holds exactly the broken rules' bits, raise_append_errors raises and clears."""
+    append.append_error_flag("cpu").zero_()
+    rows = _rows(len(slots), seed=13, device="cpu")
+    expected, scale = _whole_cache_bytes(rows, kv_format)
+    cache = _empty_cache(kv_format, 4, 16, "cpu", scale=scale)
+    before = _snapshot(cache)
+    slot_mapping = torch.tensor(slots)
+    mixed_mla.append_paged(cache, rows, slot_mapping, kv_format=kv_format, validate=False)
+    assert int(append.append_error_flag("cpu")) == bits
+    if not bits:
+        written = slot_mapping != append.SKIP_SLOT
+        _check_slots(cache, [part[written] for part in expected], slot_mapping[written], kv_format)
+        return
+    assert all(torch.equal(a, b) for a, b in zip(_snapshot(cache), before))
+    with pytest.raises(ValueError, match="wrote nothing"):
+        append.raise_append_errors("cpu")
+    assert int(append.append_error_flag("cpu")) == 0
 
 
 def test_all_rows_skipped_and_no_rows_write_nothing():
@@ -204,13 +312,14 @@ def _good():
     (lambda g: dict(rows=g["rows"].t().contiguous().t()), ValueError, "rows must be contiguous"),
     (lambda g: dict(slot_mapping=torch.tensor([0.0, 1.0])), TypeError, "slot_mapping must have dtype"),
     (lambda g: dict(slot_mapping=torch.tensor([0, 1, 2])), ValueError, "one slot per row"),
-    (lambda g: dict(slot_mapping=torch.tensor([0, 1], device="meta")), RuntimeError, "rows are on cpu"),
+    (lambda g: dict(slot_mapping=torch.tensor([0, 1], device="meta")), RuntimeError,
+     "slot_mapping is on meta, not on cpu with rows"),
     (lambda g: dict(kv_cache=g["kv_cache"].float()), TypeError, "kv_cache \\(bf16\\) must have dtype"),
     (lambda g: dict(kv_cache=g["kv_cache"][:, :, :512].contiguous()), ValueError, "num_pages >= 1"),
     (lambda g: dict(kv_format="fp8"), TypeError, "a fp8 kv_cache is a pair"),
     (lambda g: dict(kv_format="fp8", kv_cache=(g["kv_cache"], torch.ones(1))), TypeError, "fp8 kv data"),
     (lambda g: dict(kv_format="fp8", kv_cache=(torch.zeros(2, 16, 576, dtype=torch.uint8), torch.ones(2))),
-     ValueError, "0-dim or \\(1,\\)"),
+     ValueError, "one float32, shape \\(\\) or \\(1,\\)"),
     (lambda g: dict(kv_format="fp8", kv_cache=(torch.zeros(2, 16, 576, dtype=torch.uint8),
                                                torch.ones((), dtype=torch.float64))), TypeError, "fp8 kv scale"),
     (lambda g: dict(kv_format="mxfp4", kv_cache=(torch.zeros(2, 16, 288, dtype=torch.uint8),

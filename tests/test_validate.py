@@ -59,7 +59,7 @@ def test_bad_input_raises_a_clear_error(good, change, error, message):
 
 def test_inputs_on_two_devices_are_refused(good):
     # The meta device holds no data, so this runs on a CPU-only machine; shape checks need no data.
-    with pytest.raises(RuntimeError, match="kv_cache .bf16. is on meta but q is on cpu"):
+    with pytest.raises(RuntimeError, match="kv_cache .bf16. is on meta, not on cpu with q"):
         _decode(good, kv_cache=good["kv_cache"].to("meta"))
     with pytest.raises(RuntimeError, match="qo_indptr is on meta"):
         _decode(good, qo_indptr=good["qo_indptr"].to("meta"))
