@@ -4,7 +4,8 @@ The leaderboard's check (rtol = atol = 0.1, 5% mismatches allowed) passes an all
 ~0.02 in magnitude. Ours compares the relative L2 error ||out - exact|| / ||exact|| with a bound per (cache format,
 path), where `exact` is float64 attention on the very values the kernel reads. Those values come from the oracle's
 own decoders (mixed_mla/exact_formats.py), never from mixed_mla.formats: the check must be able to catch a wrong
-library dequantiser.
+library dequantiser. The log-sum-exp, where a path writes it, is judged by its absolute error in natural-log units
+(lse_error) under LSE_BOUND.
 """
 import math
 
