@@ -27,10 +27,11 @@ from .validate import (check_inputs, check_kv_format, checked_segment_lengths, i
                        raise_device_errors)
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
-# Backends whose first use per (variant, format, page size) in a process is checked against exact attention
-# (selfcheck.py); a backend may declare the check's layout (selfcheck_layout) where it refuses the default one by
-# design, as aiter does (paged plans take one query per segment). aiter is checked too: its page sizes 2 and 8 and
-# its decode kernel's reading of the metadata are settled only on hardware (docs/aiter.md).
+# Backends whose first use per self-check key (selfcheck.py states it) in a process is checked against exact
+# attention, through run for a contiguous cache and run_paged for a paged one; a backend may declare the contiguous
+# check's layout (selfcheck_layout) where it refuses the default one by design, as aiter does (its paged-KV plans take
+# one query per segment). aiter is checked too: its page sizes 2 and 8 and its decode kernel's reading of the metadata
+# are settled only on hardware (docs/aiter.md).
 SELF_CHECKED_BACKENDS = ("cuda_sm90", "hip_gfx950", "aiter")
 SELF_CHECK_FAILED = "it failed its self-check against exact attention"
 LSE_REASON = "the plan asks for the log-sum-exp (return_lse=True), which this backend does not write (SPEC.lse)"
@@ -232,7 +233,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     """
     arch = device_arch(device)
     chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
-    problem = _problem(chosen, device, num_heads, max_q_len, return_lse)
+    problem = route_problem(chosen, device, num_heads, max_q_len, return_lse)
     if problem is None:
         return chosen, backends.module(chosen.backend)
     if backend is not None or forced_backend() is not None:
@@ -246,7 +247,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
                                kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
-        alternative_problem = _problem(plan, device, num_heads, max_q_len, return_lse)
+        alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse)
         if alternative_problem is None:
             return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
         report_fallback(alternative, alternative_problem, strict)
@@ -259,13 +260,14 @@ def fit_layout(plan: Plan, arch, kv_lens):
         return plan
     try:
         fit = getattr(backends.module(plan.backend), "fit_layout", None)
-    except Exception:   # a backend that fails to import: _problem reports it
+    except Exception:   # a backend that fails to import: route_problem reports it
         return plan
     return plan if fit is None else fit(plan, arch, kv_lens)
 
 
-def _problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False):
-    """None when plan.backend can serve this decode, else why not."""
+def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False, page_size=None):
+    """None when plan.backend can serve this decode, else why not. page_size: None for a contiguous cache, else the
+    paged cache's (paged.py checks the paged entry point first): the self-check then runs the backend's run_paged."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
@@ -274,13 +276,21 @@ def _problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: boo
     if reason is None:   # a backend's own refusal of this plan (aiter: a pairing its installed generation lacks)
         refuse = getattr(backends.module(plan.backend), "plan_problem", None)
         reason = None if refuse is None else refuse(plan, device_arch(device), num_heads, max_q_len)
-    if reason is None and plan.backend in SELF_CHECKED_BACKENDS:
-        module = backends.module(plan.backend)
-        layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
-                  if hasattr(module, "selfcheck_layout") else None)
-        if not selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len):
-            reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
+    if reason is None and plan.backend in SELF_CHECKED_BACKENDS and not _self_checked(
+            plan, device, num_heads, max_q_len, return_lse, page_size):
+        reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
     return reason
+
+
+def _self_checked(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, page_size) -> bool:
+    """selfcheck's verdict on the entry point this decode calls: run (contiguous) or run_paged (page_size given)."""
+    module = backends.module(plan.backend)
+    if page_size is not None:
+        return selfcheck.verified_paged(plan.backend, module.run_paged, plan, device, page_size, num_heads, max_q_len,
+                                        return_lse)
+    layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
+              if hasattr(module, "selfcheck_layout") else None)
+    return selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse)
 
 
 def report_fallback(backend_name: str, reason: str, strict: bool) -> None:

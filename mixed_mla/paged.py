@@ -254,8 +254,8 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
             raise ValueError("qo_indptr must start at 0 and never decrease")
         max_q_len = max(1, longest)
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
-    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse,
-                            strided_pages, strict)
+    chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
+                            return_lse, strided_pages, strict)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
                            strided_pages, workspace)
 
@@ -277,7 +277,8 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 
-def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, return_lse, strided_pages, strict):
+def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,
+           strict):
     """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
     Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
     error); a forced backend that cannot serve raises."""
@@ -288,7 +289,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     for name in names:
         try:
             plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name)
-            problem = _paged_problem(plan, device, num_heads, max_q_len, return_lse, strided_pages)
+            problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages)
         except ValueError as error:   # this backend cannot read the format
             plan, problem = None, str(error)
         if problem is None:
@@ -300,12 +301,13 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     raise RuntimeError(f"no backend can run this paged decode on {device}: {'; '.join(reasons)}")
 
 
-def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, strided_pages: bool):
-    """None when plan.backend can serve this paged decode, else why not (the contiguous checks, self-check
-    included, plus a paged entry point and, when asked for, strided pages)."""
+def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size: int, return_lse: bool,
+                   strided_pages: bool):
+    """None when plan.backend can serve this paged decode, else why not: a paged entry point, strided pages when
+    asked for, then api.route_problem's checks, its self-check running run_paged at this page size."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not hasattr(backends.module(plan.backend), "run_paged"):
         reason = f"backend {plan.backend!r} reads contiguous caches only"
     if reason is None and strided_pages and not backends.spec(plan.backend).strided_pages:
         reason = STRIDED_PAGES_REASON
-    return reason or api._problem(plan, device, num_heads, max_q_len, return_lse)
+    return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size)

@@ -1,52 +1,91 @@
 """Run-time self-check of a compiled backend: the first use of a geometry (first_use_key) in a process runs it
-once on a small layout and compares with exact attention under the strict bound (mixed_mla.exact).
+once on a small poisoned layout and compares its output with exact attention (mixed_mla.exact) under the strict
+bound, and, when the call asks for it, its log-sum-exp with the exact one under exact.LSE_BOUND.
 
 Why: the gfx950 kernels were only compiled, never executed, before their first MI355X run (and any compiled
 kernel can meet a driver, compiler or hardware difference its tests never saw). A failed check costs one warning
 and a slower route, instead of wrong attention. The layout is chosen to hit what breaks first: variable lengths, an
 empty segment, a query row with nothing to attend (kv_len < q_len), q_len up to the call's under the causal rule,
 partial tiles, the call's head groups, the plan's split count (mostly-empty splits, the merge), and poison past the used
-rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails.
+rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails. A paged
+call's check reads the same rows through paged_view: pages out of order, partly filled last pages, NaN in the pages
+no sequence owns and past each sequence's length, a block table padded with -1, the empty segment an empty sequence.
 
-Call (api.py): before using a planned compiled backend for a call with num_heads heads and max_q_len queries,
-    if not selfcheck.verified(plan.backend, backend_module.run, plan, device, layout, num_heads, max_q_len):
-        <route this plan elsewhere>
-The verdict is per first_use_key: everything that changes what a kernel reads -- backend, variant, format, page
-size, one split or several, the merge (fused or a second kernel), the head count (head groups, aiter's folding)
-and max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query kernel serves with a partial tile). The check runs that geometry: the plan's own split
-count, the call's heads, segments of up to max_q_len queries with one of exactly max_q_len.
+The key, stated here once (api.py, the backends and docs/design.md refer to it): one verdict per FirstUseKey, i.e.
+per value of everything that changes which kernel runs or what it reads --
+    backend, variant, kv_format;
+    the cache: contiguous or paged, and its page size (contiguous: the plan's page_size, the kv_indptr unit aiter's
+        metadata reads; paged: the paged cache's, which picks cuda_sm90's fp8 tile source, TMA within a page or the
+        row gather);
+    one split or several (stage 1 writes the output, or partials and the merge) and the merge (fused or a kernel);
+    the head count (head groups, aiter's folding); max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query
+        kernel serves with a partial tile);
+    return_lse (the kernels' LSE stores).
+The check runs that geometry: the plan's own split count, the call's heads, segments of up to max_q_len queries with
+one of exactly max_q_len, the LSE compared when asked for.
+
+Calls (api.route_problem), before using a planned compiled backend:
+    verified(backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse)       a contiguous cache
+    verified_paged(backend, module.run_paged, plan, device, page_size, num_heads, max_q_len, return_lse)   paged
 layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
 that geometry where it refuses the default by design (aiter_mla.selfcheck_layout: more than 16 heads with one
 query per segment only, paged plans one query per segment, variant "" uniform queries, no empty segment, and a
-segment v1_0 splits several ways).
+segment v1_0 splits several ways). The paged check always reads the default layout.
 MLA_SELFCHECK=0 disables it (timing runs: the check launches the kernel and an exact float64 reference once).
 """
 import os
 import warnings
+from typing import NamedTuple
+
 import torch
 
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
-from .exact import STRICT_BOUND, exact_attention, relative_l2
+from .exact import LSE_BOUND, exact_attention, lse_error, strict_verdict
 from .formats import as_uint8, quantize_fp8, quantize_mxfp4
 
 ENV_SWITCH = "MLA_SELFCHECK"
 # (q_len, kv_len) per segment: MTP with 4 queries over 333 rows (partial last tile), a row with nothing to attend
-# (1 key for 2 queries), an empty segment, plain decode over 100 rows (3 full tiles + 4).
+# (1 key for 2 queries), an empty segment, plain decode over 100 rows (3 full tiles + 4). Paged: the 1-row segment
+# leaves its page partly filled at every page size > 1.
 SEGMENTS = ((1, 100), (2, 1), (4, 333), (1, 0))
 NUM_HEADS = 32               # two head groups of 16
 MAX_Q_LEN = 4                # the geometry checked when the caller names none: SEGMENTS as they are
 POISON_ROWS = 40             # cache rows past the last segment, filled with NaN encodings
+SPARE_PAGES = 2              # paged: pages no sequence owns, NaN encodings throughout
 FP8_NAN = 0x7F               # e4m3fn NaN
 E8M0_NAN = 0xFF
 SEED = 20261202
+CONTIGUOUS, PAGED = "contiguous", "paged"
 
-_results = {}  # first_use_key -> bool, for this process (bounded: one entry per geometry a process runs)
+_results = {}  # FirstUseKey -> bool, for this process (bounded: one entry per geometry a process runs)
 
 
-def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int) -> tuple:
-    """What decides what the kernels read: one verdict per value."""
-    return (backend_name, plan.variant, plan.kv_format, plan.page_size, split_class(plan.num_splits), plan.fused,
-            num_heads, max_q_len)
+class FirstUseKey(NamedTuple):
+    """One self-check verdict per value (the module docstring says why each field is in it)."""
+    backend: str
+    variant: str
+    kv_format: str
+    cache: str          # CONTIGUOUS or PAGED
+    page_size: int
+    splits: str         # split_class
+    fused: bool
+    num_heads: int
+    max_q_len: int
+    return_lse: bool
+
+    def __str__(self):
+        return (f"backend {self.backend!r} variant {self.variant!r} kv_format {self.kv_format}, {self.cache} cache "
+                f"of page size {self.page_size}, {self.splits} split(s){' (fused merge)' if self.fused else ''}, "
+                f"{self.num_heads} heads, max_q_len {self.max_q_len}{', with the LSE' if self.return_lse else ''}")
+
+
+def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int, return_lse: bool = False,
+                  page_size=None) -> FirstUseKey:
+    """The key of a call: page_size None for a contiguous cache (then plan.page_size is the one read), else the
+    paged cache's page size."""
+    cache, size = (CONTIGUOUS, plan.page_size) if page_size is None else (PAGED, page_size)
+    return FirstUseKey(backend_name, plan.variant, plan.kv_format, cache, size, split_class(plan.num_splits),
+                       plan.fused, num_heads, max_q_len, return_lse)
 
 
 def split_class(num_splits: int) -> str:
@@ -64,26 +103,41 @@ def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1") != "0"
 
 
-def verified(backend_name: str, run, plan, device, layout=None, num_heads=NUM_HEADS, max_q_len=MAX_Q_LEN) -> bool:
+def verified(backend_name: str, run, plan, device, layout=None, num_heads=NUM_HEADS, max_q_len=MAX_Q_LEN,
+             return_lse=False) -> bool:
     """True when backend `run` (the backends' run signature) agrees with exact attention for this plan and call
-    geometry (first_use_key), or the self-check is disabled. The first call per key runs the check on `layout`
+    geometry on a contiguous cache, or the self-check is disabled. The first call per key runs the check on `layout`
     (None: default_layout(num_heads, max_q_len)); a failure is warned about once and remembered."""
+    layout = layout or default_layout(num_heads, max_q_len)
+    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse)
+    return _verdict(key, lambda: _check(run, plan, torch.device(device), layout, return_lse))
+
+
+def verified_paged(backend_name: str, run_paged, plan, device, page_size: int, num_heads=NUM_HEADS,
+                   max_q_len=MAX_Q_LEN, return_lse=False) -> bool:
+    """verified for a paged cache of page_size rows a page: `run_paged` (the backends' run_paged signature) reads
+    the default layout through paged_view."""
+    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse, page_size)
+    return _verdict(key, lambda: _check(run_paged, plan, torch.device(device), default_layout(num_heads, max_q_len),
+                                        return_lse, page_size))
+
+
+def _verdict(key: FirstUseKey, check) -> bool:
+    """The remembered verdict of `key`; the first time, `check()` (None or what went wrong) decides it."""
     if not enabled():
         return True
-    key = first_use_key(backend_name, plan, num_heads, max_q_len)
     if key not in _results:
-        problem = _check(run, plan, torch.device(device), layout or default_layout(num_heads, max_q_len))
+        problem = check()
         _results[key] = problem is None
         if problem is not None:
-            warnings.warn(f"mixed_mla: self-check failed for backend {backend_name!r} variant {plan.variant!r} "
-                          f"kv_format {plan.kv_format} page size {plan.page_size}, {split_class(plan.num_splits)} "
-                          f"split(s), {num_heads} heads, max_q_len {max_q_len}: {problem}; routing it elsewhere "
-                          f"({ENV_SWITCH}=0 disables the check)", RuntimeWarning, stacklevel=2)
+            warnings.warn(f"mixed_mla: self-check failed for {key}: {problem}; routing it elsewhere ({ENV_SWITCH}=0 "
+                          f"disables the check)", RuntimeWarning, stacklevel=3)
     return _results[key]
 
 
-def check_inputs(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS, poison_rows=POISON_ROWS):
-    """(q, kv_cache, qo_indptr, kv_indptr) of a self-check layout, poisoned where nothing may be read."""
+def poisoned_layout(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS, poison_rows=POISON_ROWS):
+    """(q, kv_cache, qo_indptr, kv_indptr) of a self-check layout on a contiguous cache, poisoned where nothing may
+    be read."""
     g = torch.Generator().manual_seed(SEED)
     q_lens = [s[0] for s in segments]
     kv_lens = [s[1] for s in segments]
@@ -109,25 +163,72 @@ def check_inputs(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS,
     return q, cache, qo, kvp
 
 
-def _check(run, plan, device, layout):
-    """None when `run` passes, else what went wrong (a failing launch counts as a failure).
+def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
+    """(paged cache, block_table, seq_lens) holding the first sum(kv_lens) rows of a contiguous cache, segment b's
+    kv_lens[b] rows as sequence b, in pages of page_size rows (mixed_mla/paged.py's layout) dealt in a random order
+    (`generator`). Every other row holds NaN encodings (bf16 NaN, e4m3 0x7F, e8m0 0xFF; mxfp4 codes 0xFF): the
+    spare_pages pages no sequence owns and each last page's rows past its sequence's length. block_table is one
+    column wider than the longest sequence needs, padded with -1 past each sequence's pages."""
+    pages_of = [-(-n // page_size) for n in kv_lens]
+    num_pages = sum(pages_of) + spare_pages
+    order = torch.randperm(num_pages, generator=generator)
+    table = torch.full((len(kv_lens), max(pages_of) + 1), -1, dtype=torch.int32)
+    first = 0
+    for b, count in enumerate(pages_of):
+        table[b, :count] = order[first:first + count]
+        first += count
+    # the flat paged row of each contiguous row, segment after segment
+    rows = torch.cat([table[b, torch.arange(n) // page_size].long() * page_size + torch.arange(n) % page_size
+                      for b, n in enumerate(kv_lens)])
+    device = (cache if kv_format == "bf16" else cache[0]).device
+    rows = rows.to(device)
+
+    def pages(t, poison):
+        raw = t if t.dtype == torch.bfloat16 else as_uint8(t)
+        flat = torch.full((num_pages * page_size, t.shape[-1]), poison, dtype=raw.dtype, device=device)
+        flat[rows] = raw.reshape(-1, t.shape[-1])[:rows.shape[0]]
+        return flat.view(num_pages, page_size, t.shape[-1]).view(t.dtype)
+
+    if kv_format == "bf16":
+        paged = pages(cache, float("nan"))
+    elif kv_format == "fp8":
+        paged = (pages(cache[0], FP8_NAN), cache[1])
+    else:
+        paged = (pages(cache[0], E8M0_NAN), pages(cache[1], E8M0_NAN))
+    return paged, table.to(device), torch.tensor(kv_lens, dtype=torch.int32, device=device)
+
+
+def _check(run, plan, device, layout, return_lse=False, page_size=None):
+    """None when `run` passes, else what went wrong (a failing launch counts as a failure). page_size None: `run` is
+    a backend's run on the contiguous layout; else its run_paged on the layout's paged view.
 
     The plan's own split count runs (its split class is in the key: one split, stage 1 writing the output, or
     several, partials and the merge).
     """
     segments, num_heads, poison_rows = layout
-    q, cache, qo, kvp = check_inputs(plan.kv_format, device, segments, num_heads, poison_rows)
-    ref = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE)
-    bound = STRICT_BOUND[(plan.kv_format, plan.backend)]
+    q, cache, qo, kvp = poisoned_layout(plan.kv_format, device, segments, num_heads, poison_rows)
+    ref, ref_lse = exact_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+    if page_size is None:
+        kv_index = (kvp,)
+    else:   # the reference above never sees the pages
+        cache, block_table, seq_lens = paged_view(cache, plan.kv_format, [kv for _, kv in segments], page_size,
+                                                  torch.Generator().manual_seed(SEED))
+        kv_index = (block_table, seq_lens)
     out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+    extra = {"lse": torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)} if return_lse else {}
+    splits = f"with {plan.num_splits} split(s)"
     try:
-        run(q, cache, plan.kv_format, qo, kvp, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in segments))
+        run(q, cache, plan.kv_format, qo, *kv_index, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in segments),
+            **extra)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     except Exception as error:  # any launch or runtime error means the variant cannot be trusted
-        return f"with {plan.num_splits} split(s) the kernel raised {type(error).__name__}: {error}"
-    err = relative_l2(out, ref)
-    if not err <= bound:
-        return (f"with {plan.num_splits} split(s) the relative L2 error {err:.3g} against exact attention exceeds "
-                f"the strict bound {bound}")
+        return f"{splits} the kernel raised {type(error).__name__}: {error}"
+    passed, err, bound = strict_verdict(out, ref, plan.kv_format, plan.backend)
+    if not passed:
+        return f"{splits} the relative L2 error {err:.3g} against exact attention exceeds the strict bound {bound}"
+    if return_lse:
+        err, bound = lse_error(extra["lse"], ref_lse), LSE_BOUND[plan.backend]
+        if not err <= bound:
+            return f"{splits} the LSE is {err:.3g} (natural log) from the exact one, over the bound {bound}"
     return None

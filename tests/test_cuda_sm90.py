@@ -405,16 +405,6 @@ def _exact_lse(q, cache, kv_format, qo, kvi):
     return lse
 
 
-def _lse_error(lse, exact_lse):
-    """Largest absolute difference over the finite entries; inf when the rows with nothing to attend differ."""
-    lse = lse.to(torch.float64)
-    if not torch.equal(torch.isneginf(lse), torch.isneginf(exact_lse)) or not torch.isfinite(lse[~torch.isneginf(
-            exact_lse)]).all():
-        return math.inf
-    finite = torch.isfinite(exact_lse)
-    return float((lse[finite] - exact_lse[finite]).abs().max()) if finite.any() else 0.0
-
-
 @pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
 @_split_merges([1, 3, 40])   # the split kernel writes it (1), the merge kernel or the fused merge (3, 40)
 @pytest.mark.parametrize("layout", [LAYOUTS[4], LAYOUTS[3], LAYOUTS[8]], ids=["varlen_mtp", "nothing_seen", "h8"])
@@ -425,7 +415,7 @@ def test_lse_matches_float64_logsumexp(layout, splits, fused, kv_format, variant
     lse = torch.full(q.shape[:2], math.nan, dtype=torch.float32, device="cuda")
     out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens), variant, fused, lse=lse)
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
-    err = _lse_error(lse, _exact_lse(q, cache, kv_format, qo, kvi))
+    err = exact.lse_error(lse, _exact_lse(q, cache, kv_format, qo, kvi))
     assert err < LSE_TOLERANCE, f"LSE off by {err:.2e}, splits {splits}, fused {fused}, {kv_format} {variant!r}"
 
 
@@ -436,9 +426,9 @@ def test_a_log2_lse_fails_the_bound(fused):
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device="cuda")
     _run(q, kv, "bf16", qo, kvi, 4, 2, fused=fused, lse=lse)
     exact_lse = _exact_lse(q, kv, "bf16", qo, kvi)
-    assert _lse_error(lse, exact_lse) < LSE_TOLERANCE
-    assert _lse_error(lse / math.log(2), exact_lse) > 0.1
-    assert _lse_error(lse + math.log(3 / 4), exact_lse) > 0.1   # three of four equal splits' mass
+    assert exact.lse_error(lse, exact_lse) < LSE_TOLERANCE
+    assert exact.lse_error(lse / math.log(2), exact_lse) > 0.1
+    assert exact.lse_error(lse + math.log(3 / 4), exact_lse) > 0.1   # three of four equal splits' mass
 
 
 @_split_merges([1, 8])
@@ -449,7 +439,7 @@ def test_paged_lse_matches_float64_logsumexp(kv_format, variant, splits, fused):
     lse = torch.full(q.shape[:2], math.nan, dtype=torch.float32, device="cuda")
     _run_paged(case, kv_format, splits, variant, fused=fused, lse=lse)
     torch.cuda.synchronize()
-    err = _lse_error(lse, _exact_lse(q, contiguous, kv_format, qo, kvi))
+    err = exact.lse_error(lse, _exact_lse(q, contiguous, kv_format, qo, kvi))
     assert err < LSE_TOLERANCE, f"paged LSE off by {err:.2e}, splits {splits}, fused {fused}, {kv_format} {variant!r}"
 
 

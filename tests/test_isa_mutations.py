@@ -21,7 +21,7 @@ BOUND = exact.path_bounds("hip_gfx950")   # {kv_format: strict bound}
 
 def _error(lib, kv_format, occupancy=3):
     """(emulator error text, strict error) of the self-check layout (poisoned rows and scale padding)."""
-    q, cache, qo, kvp = selfcheck.check_inputs(kv_format, "cpu")
+    q, cache, qo, kvp = selfcheck.poisoned_layout(kv_format, "cpu")
     error, out = lanes.run_decode(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=occupancy)
     return error, exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE)
 
@@ -95,7 +95,7 @@ def test_isa_mutation_a_workgroup_scope_flag_update_is_refused(tmp_path, ziglang
                                        "__HIP_MEMORY_SCOPE_AGENT)", "__hip_atomic_fetch_or(address, bits, "
                                        "__ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_WORKGROUP)")])
     lib = lanes.build(src, tmp_path / "build")
-    q, cache, qo, kvp = selfcheck.check_inputs("fp8", "cpu")
+    q, cache, qo, kvp = selfcheck.poisoned_layout("fp8", "cpu")
     kvp = kvp.clone()
     kvp[1] = -1                                                   # a bad entry: the kernel must record it
     error, _ = lanes.run_decode(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=3)

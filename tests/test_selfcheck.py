@@ -4,8 +4,11 @@ The "kernels" here are stand-ins with the backend run signature: the torch backe
 twin (right, the arithmetic the HIP kernels are designed to), and deliberately wrong ones (zeros, a head-group
 indexing bug, a kernel reading past its segment, a kernel that raises, and tests/kernel_mutations.py's four: a
 causal off-by-one, an output 4% small, a wrong MXFP4 scale exponent, a wrong fp8 scale). A wrong one must be refused
-with exactly one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check.
+with exactly one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check. The paged check runs
+run_paged on the same rows in shuffled, poisoned pages; the LSE check compares the natural-log LSE when asked for.
 """
+import math
+import types
 import warnings
 from dataclasses import replace
 
@@ -14,7 +17,7 @@ import torch
 
 from emulator.gfx950 import hip_twin
 from kernel_mutations import CASES, CONTROLS, mutate
-from mixed_mla import selfcheck
+from mixed_mla import api, backends, exact, paged, selfcheck
 from mixed_mla.backends import torch_ref
 from mixed_mla.planner import Plan
 
@@ -149,10 +152,10 @@ def test_switch_off_skips_the_check(monkeypatch):
 
 
 def test_the_layout_poisons_what_must_not_be_read():
-    q, (data, scale), qo, kvp = selfcheck.check_inputs("fp8", "cpu")
+    q, (data, scale), qo, kvp = selfcheck.poisoned_layout("fp8", "cpu")
     used = int(kvp[-1])
     assert torch.isnan(data[used:].float()).all() and not torch.isnan(data[:used].float()).any()
-    _, (packed, scales), _, kvp = selfcheck.check_inputs("mxfp4", "cpu")
+    _, (packed, scales), _, kvp = selfcheck.poisoned_layout("mxfp4", "cpu")
     assert (scales.view(torch.uint8)[:, 18:] == selfcheck.E8M0_NAN).all()
 
 
@@ -160,7 +163,7 @@ def test_a_backend_declared_layout_replaces_the_default():
     """Backends that refuse the default layout by design (aiter: 16 heads, paged plans one query per segment)
     are checked on their own; the same rules hold: right passes silently, wrong is refused."""
     layout = (((1, 64), (1, 0), (1, 96)), 16, 40)
-    q, (data, _), qo, kvp = selfcheck.check_inputs("fp8", "cpu", *layout)
+    q, (data, _), qo, kvp = selfcheck.poisoned_layout("fp8", "cpu", *layout)
     assert q.shape[:2] == (3, 16) and data.shape[0] == 200 and kvp.tolist() == [0, 64, 64, 160]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -169,7 +172,159 @@ def test_a_backend_declared_layout_replaces_the_default():
         assert not selfcheck.verified("aiter", zeros_kernel, _plan(variant="fast"), "cpu", layout)
 
 
-def test_verdicts_are_per_page_size():
+def test_verdicts_are_per_page_size_of_the_plan():
     assert selfcheck.verified("aiter", torch_ref.run, _plan(variant="fast"), "cpu")
     with pytest.warns(RuntimeWarning, match="self-check failed"):
         assert not selfcheck.verified("aiter", zeros_kernel, replace(_plan(variant="fast"), page_size=8), "cpu")
+
+
+# ---- the paged check: run_paged on the layout's paged view ----
+
+def _sm90_plan(kv_format="fp8", num_splits=4):
+    return Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=num_splits, variant="")
+
+
+def _page_size(kv_cache, kv_format):
+    return (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[1]
+
+
+def sorted_pages_kernel(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
+                        **extra):
+    """Reads each sequence's pages in ascending page id: right only when the block table lists them in order."""
+    owned = block_table >= 0   # a prefix of each row
+    ascending = torch.where(owned, block_table, torch.iinfo(torch.int32).max).sort(dim=1).values
+    torch_ref.run_paged(q, kv_cache, kv_format, qo_indptr, torch.where(owned, ascending, -1), seq_lens, out, plan,
+                        sm_scale, max_q_len, **extra)
+
+
+def whole_pages_kernel(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
+                       **extra):
+    """Reads every sequence to the end of its last page: the NaN rows past its length (a page-granular loop bound)."""
+    page = _page_size(kv_cache, kv_format)
+    torch_ref.run_paged(q, kv_cache, kv_format, qo_indptr, block_table, (seq_lens + page - 1) // page * page, out,
+                        plan, sm_scale, max_q_len, **extra)
+
+
+def _fake_sm90(monkeypatch, run_paged):
+    """cuda_sm90 available on this CPU, its module a fake: the torch backend's run (right) and `run_paged`."""
+    fake = types.SimpleNamespace(run=torch_ref.run, run_paged=run_paged)
+    real_module = backends.module
+    monkeypatch.setattr(backends, "module", lambda name: fake if name == "cuda_sm90" else real_module(name))
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_a_paged_call_checks_run_paged_and_passes_a_right_one(monkeypatch, kv_format, page_size):
+    _fake_sm90(monkeypatch, Counting(torch_ref.run_paged))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert api.route_problem(_sm90_plan(kv_format), "cpu", 32, 4, page_size=page_size) is None
+    assert backends.module("cuda_sm90").run_paged.calls == 1
+
+
+@pytest.mark.parametrize("kernel", [sorted_pages_kernel, whole_pages_kernel])
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_a_wrong_run_paged_fails_the_paged_check_not_the_contiguous_one(monkeypatch, kernel, kv_format):
+    """run is right and run_paged wrong only on pages (out of order, or read past a sequence's length): the
+    contiguous route keeps cuda_sm90, the paged one refuses it and plan_paged routes to torch."""
+    _fake_sm90(monkeypatch, kernel)
+    plan = _sm90_plan(kv_format)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert api.route_problem(plan, "cpu", 16, 2) is None
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'cuda_sm90' .* paged cache of page "
+                                            "size 16") as record:
+        assert api.route_problem(plan, "cpu", 16, 2, page_size=16) == api.SELF_CHECK_FAILED
+    assert len(record) == 1
+    monkeypatch.setattr(paged, "device_arch", lambda device: "sm90")
+    qo = torch.tensor([0, 1, 3], dtype=torch.int32)
+    table = torch.zeros(2, 4, dtype=torch.int32)
+    lens = torch.tensor([5, 40], dtype=torch.int32)
+    with pytest.warns(RuntimeWarning, match="self-check failed for backend 'cuda_sm90' .* paged cache"):
+        planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format=kv_format, page_size=16, max_q_len=2,
+                                   max_kv_len=64)
+    assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
+
+
+def test_the_paged_layout_is_out_of_order_partly_filled_and_poisoned():
+    q, cache, qo, kvp = selfcheck.poisoned_layout("fp8", "cpu")
+    kv_lens = kvp.diff().tolist()
+    (data, scale), table, lens = selfcheck.paged_view(cache, "fp8", kv_lens, 16, torch.Generator().manual_seed(1))
+    assert lens.tolist() == kv_lens and scale is cache[1] and table.shape == (4, 22)
+    pages = table[table >= 0]
+    assert (table[lens == 0] == -1).all() and (table[:, -1] == -1).all()
+    assert not torch.equal(pages, pages.sort().values)            # out of order
+    assert data.shape[0] == pages.numel() + selfcheck.SPARE_PAGES
+    nan = torch.isnan(data.float()).all(dim=-1)                    # (pages, rows): rows of NaN encodings
+    assert nan.sum() == data.shape[0] * 16 - sum(kv_lens)          # every row that holds no key
+    for b, n in enumerate(kv_lens):                                # each sequence's rows, in order, in its pages
+        rows = [data[table[b, i // 16], i % 16] for i in range(n)]
+        assert all(torch.equal(r.view(torch.uint8), c.view(torch.uint8)) for r, c in zip(rows, cache[0][kvp[b]:, 0]))
+    assert nan[table[0, 100 // 16], 100 % 16:].all()               # the partly filled last page's tail
+
+
+def base2_lse_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, lse=None):
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, lse=lse)
+    if lse is not None:
+        lse.div_(math.log(2))   # the kernels' internal base, unconverted
+
+
+def neginf_lost_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, lse=None):
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, lse=lse)
+    if lse is not None:
+        lse.nan_to_num_(neginf=0.0)   # a row that attends nothing must stay -inf
+
+
+@pytest.mark.parametrize("backend", ["cuda_sm90", "hip_gfx950"])
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_the_lse_is_checked_when_asked_for(backend, kv_format):
+    """The torch backend's LSE passes under each path's bound."""
+    plan = replace(_sm90_plan(kv_format), backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified(backend, torch_ref.run, plan, "cpu", return_lse=True)
+
+
+@pytest.mark.parametrize("backend", ["cuda_sm90", "hip_gfx950"])
+@pytest.mark.parametrize("wrong", [base2_lse_kernel, neginf_lost_kernel])
+def test_a_wrong_lse_fails_the_check_a_right_output_alone_passes(backend, wrong):
+    """A base-2 LSE, or a -inf row written as 0, fails the LSE check, while the same kernel's output passes the check
+    of a call that asks for no LSE (return_lse is in the key: two verdicts)."""
+    plan = replace(_sm90_plan("fp8"), backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified(backend, wrong, plan, "cpu")
+    with pytest.warns(RuntimeWarning, match="with the LSE: with 4 split.s. the LSE is .* from the exact one"):
+        assert not selfcheck.verified(backend, wrong, plan, "cpu", return_lse=True)
+
+
+def test_the_paged_lse_is_checked():
+    def base2_paged(*args, lse=None):
+        torch_ref.run_paged(*args, lse=lse)
+        lse.div_(math.log(2))
+
+    assert selfcheck.verified_paged("cuda_sm90", torch_ref.run_paged, _sm90_plan(), "cpu", 16, return_lse=True)
+    with pytest.warns(RuntimeWarning, match="the LSE is"):
+        assert not selfcheck.verified_paged("cuda_sm90", base2_paged, _sm90_plan("mxfp4"), "cpu", 16,
+                                            return_lse=True)
+
+
+def test_the_key_tells_paged_from_contiguous_page_sizes_and_the_lse():
+    plan = _sm90_plan()
+    keys = {selfcheck.first_use_key("cuda_sm90", plan, 16, 1),
+            selfcheck.first_use_key("cuda_sm90", plan, 16, 1, page_size=1),    # paged, page size 1: not contiguous
+            selfcheck.first_use_key("cuda_sm90", plan, 16, 1, page_size=16),
+            selfcheck.first_use_key("cuda_sm90", plan, 16, 1, page_size=64),
+            selfcheck.first_use_key("cuda_sm90", plan, 16, 1, return_lse=True),
+            selfcheck.first_use_key("cuda_sm90", plan, 16, 1, return_lse=True, page_size=16),
+            selfcheck.first_use_key("cuda_sm90", replace(plan, page_size=16), 16, 1)}
+    assert len(keys) == 7
+    assert selfcheck.first_use_key("cuda_sm90", plan, 16, 1, page_size=16) == selfcheck.first_use_key(
+        "cuda_sm90", replace(plan, page_size=8), 16, 1, page_size=16)   # paged: the cache's page size, not the plan's
+    counted = Counting(torch_ref.run_paged)
+    for page_size in (16, 64, 16):
+        assert selfcheck.verified_paged("cuda_sm90", counted, plan, "cpu", page_size)
+    assert selfcheck.verified("cuda_sm90", torch_ref.run, plan, "cpu")
+    assert counted.calls == 2   # one run per page size; the contiguous verdict is its own

@@ -384,19 +384,19 @@ def write_record(record: dict, results: Path | None) -> None:
 @contextlib.contextmanager
 def measured_errors(selfcheck, into: list):
     """Records each relative L2 error the self-check measures (its verdict returns only pass / fail; the report
-    shows the error too): selfcheck's relative_l2, wrapped while the block runs."""
-    measure = selfcheck.relative_l2
+    shows the error too): selfcheck's strict_verdict, wrapped while the block runs."""
+    verdict = selfcheck.strict_verdict
 
-    def recording(out, ref):
-        error = measure(out, ref)
+    def recording(out, ref, kv_format, path):
+        passed, error, bound = verdict(out, ref, kv_format, path)
         into.append(error)
-        return error
+        return passed, error, bound
 
-    selfcheck.relative_l2 = recording
+    selfcheck.strict_verdict = recording
     try:
         yield
     finally:
-        selfcheck.relative_l2 = measure
+        selfcheck.strict_verdict = verdict
 
 
 def main(argv=None) -> int:

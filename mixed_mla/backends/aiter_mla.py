@@ -48,9 +48,9 @@ none shorter than 196 units off gfx942) are in the indptr contents, which the ho
 asserted on the device, so a layout that breaks them raises at the next synchronisation instead of returning wrong
 rows. Where the lengths are read anyway (api.plan without max lengths, custom_kernel's first sight of a layout),
 fit_layout() plans "fast" instead of a "" that layout_problem() says would be wrong, with a one-time warning. The
-run-time self-check (selfcheck.py) runs every geometry (variant, format, page size, one split or several, heads,
-max_q_len) once on selfcheck_layout(): it is what settles page sizes 2 and 8 and the decode kernel's reading of the
-metadata (multi-split v1_0 items with a non-zero kv_offset included) on real hardware.
+run-time self-check runs every geometry once (per first-use key: selfcheck.py states it) on selfcheck_layout():
+it is what settles page sizes 2 and 8 and the decode kernel's reading of the metadata (multi-split v1_0 items with
+a non-zero kv_offset included) on real hardware.
 
 Three aiter generations are told apart, once per process, from the installed API and source (detect_generation),
 never from a version string: the metadata call's parameter order, parameters and functions the later generation

@@ -27,7 +27,7 @@ runs a plan that names one (as it runs mxfp4 plans), which is how the bring-up m
 
 The build happens in `available` (the first plan on a device), outside any timed call. These kernels have been
 compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.selfcheck on the first use of each
-(variant, format) and routes a failing one elsewhere.
+self-check key (selfcheck.py states it) and routes a failing one elsewhere.
 """
 import fnmatch
 import functools
