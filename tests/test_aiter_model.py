@@ -11,6 +11,7 @@ import random
 import pytest
 
 from aiter_model import metadata as m
+from aiter_model import mutations
 
 FP8 = "float8_e4m3fn"
 BF16 = "bfloat16"
@@ -166,18 +167,9 @@ def test_the_walks_reading_of_empty_segments_fails_the_head_fill_test(monkeypatc
         test_head_parallel_fill_gives_an_empty_segment_at_a_cu_boundary_no_item()
 
 
-def misread_fragments(self, bid):
-    """A plausible misreading of HEAD's parallel fill: every piece after the first starts a whole CU's payload
-    into the segment (the wasted-start-CU rule, ~314) rather than after the first piece's blocks (~305-306)."""
-    frags, wasted = TRUE_FRAGMENTS(self, bid)
-    return [(index * self.per_cu if index else begin, end, cu) for index, (begin, end, cu) in enumerate(frags)], wasted
-
-
-TRUE_FRAGMENTS = m._ParallelFill.fragments
-
-
 def test_a_misread_fragment_rule_fails_the_coverage_property(monkeypatch):
-    monkeypatch.setattr(m._ParallelFill, "fragments", misread_fragments)
+    """Mutation: HEAD's parallel fill with its later pieces misplaced (mutations.misread_fragments)."""
+    monkeypatch.setattr(m._ParallelFill, "fragments", mutations.misread_fragments)
     with pytest.raises(AssertionError):
         test_v1_2_covers_every_segment_once_with_consistent_reduce_maps(m.GENERATION_HEAD, "64h-fp8")
 
