@@ -12,12 +12,13 @@ import functools
 import sys
 import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
-from aiter_model import fake_aiter
+from aiter_model import fake_aiter, mutations
+from aiter_model import metadata as model
 from aiter_model.metadata import MI300X, MI355X, ModelError
 from mixed_mla import exact, formats, selfcheck, validate
 from mixed_mla.backends import aiter_mla
@@ -442,7 +443,6 @@ def test_the_route_rules_disagree_with_a_decode_of_another_generation(monkeypatc
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 @pytest.mark.parametrize("generation", [aiter_mla.API_2026_03, aiter_mla.API_2026_08])
 def test_the_route_fold_rules_equal_the_model_at_every_point(arch, generation):
-    from aiter_model import metadata as model
     for heads in aiter_mla.HEAD_COUNTS:
         for q_len in range(1, aiter_mla.MAX_Q_LEN + 1):
             for fp8 in (True, False):
@@ -460,18 +460,73 @@ def _head_fake(monkeypatch):
     return rec
 
 
+# Layouts for HEAD's v1_2 (one query per segment): long segments cut into pieces on several CUs, and empty segments
+# that meet a CU with less payload left than the overhead, which HEAD's parallel fill gives no work item.
+HEAD_LAYOUTS = {
+    "long": Case((1700, 2100, 1800)),
+    "empty-at-cu-boundary": Case((16, 0, 700, 0, 1, 3000, 0, 40)),
+}
+
+
+def _check_head_call(rec, case, heads, kv_format, variant):
+    """The metadata HEAD's builders wrote for this call is the modelled one the test means to exercise: v1_0 only
+    for variant "" where it folds as the decode does (128 heads, 48 fp8); v1_2 by the parallel fill where it runs
+    unfolded (else the walk, folded), with multi-piece segments, and no item for at least one empty segment in the
+    empty-segment layout."""
+    md = rec.metadata[-1]
+    fp8 = kv_format == "fp8"
+    v1_0 = variant == "" and aiter_mla.v1_0_agrees(aiter_mla.API_2026_08, "gfx950", heads, 1, fp8)
+    assert md.builder == ("v1_0" if v1_0 else "v1_2")
+    if v1_0:
+        return
+    unfolded = aiter_mla.v1_2_native(aiter_mla.API_2026_08, "gfx950", heads, 1, fp8)
+    assert md.qk_batch_ratio == (1 if unfolded else heads // 16)
+    assert md.fill == ("parallel" if unfolded else "walk")
+    assert sum(w.partial_qo_loc >= 0 for w in md.work) >= 2
+    if unfolded and 0 in case.kv_lens:
+        assert {w.batch_idx for w in md.work} < set(range(len(case.kv_lens)))
+
+
 @pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
-@pytest.mark.parametrize("heads", [32, 64, 128])
-@pytest.mark.parametrize("variant", ["", "fast"])
-def test_head_generation_serves_unfolded_heads_right(monkeypatch, kv_format, heads, variant):
+@pytest.mark.parametrize("heads", [32, 48, 64, 128])
+@pytest.mark.parametrize("variant, layout", [("", "long"), ("fast", "long"), ("fast", "empty-at-cu-boundary")])
+def test_head_generation_serves_unfolded_heads_right(monkeypatch, kv_format, heads, variant, layout):
     """At e4048607a5 the decode runs gfx950 fp8 32/64/128 (and bf16 all) heads unfolded; v1_0 folds 32..112, so
-    variant "" runs v1_2 there, and v1_0 only where it agrees (128 heads)."""
+    variant "" runs v1_2 there, and v1_0 only where it agrees (128 heads; 48 fp8 heads, which v1_0, v1_2 and the
+    decode all fold). HEAD's v1_2 runs its parallel fill unfolded (one query per segment, page size 1), else the
+    walk."""
     rec = _head_fake(monkeypatch)
-    case = Case((1700, 2100, 1800), heads=heads)
+    case = replace(HEAD_LAYOUTS[layout], heads=heads)
     assert _served_error(case, kv_format, _plan(kv_format=kv_format, variant=variant)) < \
         exact.STRICT_BOUND[(kv_format, "aiter")]
-    assert rec.metadata[-1].builder == ("v1_0" if variant == "" and heads == 128 else "v1_2")
-    assert rec.metadata[-1].qk_batch_ratio == 1
+    _check_head_call(rec, case, heads, kv_format, variant)
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "bf16"])
+@pytest.mark.parametrize("name", list(LAYOUTS) + list(PAGED_LAYOUTS))
+def test_head_generation_serves_16_heads_right(monkeypatch, kv_format, name):
+    """16 heads on HEAD's v1_2: the parallel fill for one query per segment at page size 1, HEAD's walk for several
+    queries (q_len 2-4) or pages of 8."""
+    rec = _head_fake(monkeypatch)
+    page_size = 8 if name in PAGED_LAYOUTS else 1
+    case = {**LAYOUTS, **PAGED_LAYOUTS}[name]
+    assert _served_error(case, kv_format, _plan(kv_format, page_size, "fast")) < BOUND[kv_format]
+    md = rec.metadata[-1]
+    assert md.fill == ("parallel" if case.max_q_len == 1 and page_size == 1 else "walk")
+
+
+def test_a_misread_head_fill_fails_the_strict_check(monkeypatch):
+    """Mutation: HEAD's parallel fill with its later pieces misplaced (mutations.misread_fragments: each
+    starts a whole CU's payload into the segment, not after the first piece): keys are read twice or never, or a
+    piece ends before it starts."""
+    _head_fake(monkeypatch)
+    monkeypatch.setattr(model._ParallelFill, "fragments", mutations.misread_fragments)
+    case = replace(HEAD_LAYOUTS["long"], heads=64)
+    try:
+        error = _served_error(case, "fp8", _plan(variant="fast"))
+    except ModelError:   # a piece that ends before it starts
+        return
+    assert not error < exact.STRICT_BOUND[("fp8", "aiter")]
 
 
 def test_pinned_rules_on_a_head_aiter_are_wrong(monkeypatch):

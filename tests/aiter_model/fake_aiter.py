@@ -293,7 +293,8 @@ def _decode_2026_08(rec, rule):
 
 
 def aiter_2026_08(rec, rule=_unfolded_head):
-    """The three functions at e4048607a5: HEAD's signatures, fold rules and buffer sizes (the pinned walk)."""
+    """The three functions at e4048607a5: HEAD's signatures, fold rules, buffer sizes and v1_2 (its walk and its
+    parallel fill)."""
     rec.generation = metadata.GENERATION_HEAD
 
     def get_mla_metadata_info_v1(batch_size, max_seqlen_qo, num_head_qo, q_dtype, kv_dtype, is_sparse,
@@ -307,12 +308,14 @@ def aiter_2026_08(rec, rule=_unfolded_head):
                             uni_seqlen_qo=-1, fast_mode=True, topk=-1, max_split_per_batch=-1,
                             intra_batch_mode=False, is_cp_round_robin=False, mla_version=0, dtype_q_nope=None,
                             dtype_q_rope=None, dtype_kv_nope=None, dtype_kv_rope=None, dtype_q=None, dtype_kv=None):
+        if is_cp_round_robin:
+            raise NotImplementedError("CP round-robin metadata is not modelled")
         write_metadata(rec, seqlens_qo_indptr, seqlens_kv_indptr, kv_last_page_lens, num_heads_per_head_k,
                        num_heads_k, (work_info_set, work_indptr, reduce_indptr, reduce_final_map, reduce_partial_map),
                        page_size=page_size, kv_granularity=kv_granularity, max_seqlen_qo=max_seqlen_qo,
                        uni_seqlen_qo=uni_seqlen_qo, fast_mode=fast_mode, max_split_per_batch=max_split_per_batch,
                        intra_batch_mode=intra_batch_mode, q_dtype=dtype_name(dtype_q_nope or dtype_q),
-                       kv_dtype=dtype_name(dtype_kv_nope or dtype_kv), topk=topk)
+                       kv_dtype=dtype_name(dtype_kv_nope or dtype_kv), topk=topk, is_causal=is_causal)
 
     return get_mla_metadata_info_v1, get_mla_metadata_v1, _decode_2026_08(rec, rule)
 

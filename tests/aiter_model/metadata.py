@@ -26,6 +26,16 @@ it reproduces what the device code computes, including its edge cases, which are
     that starts at 0 and advances by each segment's length (v1_2 ~127-131, ~278-280), so an empty segment is an
     empty work item; it splits by a payload per CU part (~118) and never divides by a per-segment count.
 
+HEAD (aiter e4048607a5, 2026-08-22; "v1_2@HEAD" below is its csrc/kernels/mla/metadata/v1_2_device.cuh) is modelled
+for v1_2 as well (generation="2026-08"): its fold rule and packing (~855-931), its serial walk (~359-696: the
+pinned walk plus a tile rule, mla_v12_num_qo_tiles ~27-47, and the causal trim gated by is_causal), and its
+parallel fill (~90-357), which the dispatcher (~715-737) runs by default for one query per segment, page size 1,
+no head folding and no query tiling -- the route's 32/64/128-head gfx950 fp8 and bf16 calls. The parallel fill
+places every segment as the walk would, but gives an empty segment met with less payload left on its CU than the
+fixed overhead no work item at all, and starts the next segment on a fresh CU (the walk gives it an empty item on
+the next CU). Not modelled at HEAD: sparse (topk) metadata, CP round-robin (is_cp_round_robin), experimental
+kernels (AITER_ENABLE_EXPERIMENTAL: cluster multiplier ~752-782, hk_mtp), AITER_MLA_META_USE_PARALLEL=0.
+
 KV units are what kv_indptr counts: rows with page_size 1, pages otherwise (the route passes page indptr).
 What the model cannot say -- how the decode kernel reads a work item, e.g. kv_offset's units with page_size > 1 in
 v1_0, which gets no page_size at all (metadata.cu ~112-128) -- is fake_aiter.py's stated assumption, and what only
@@ -34,11 +44,10 @@ hardware settles (docs/aiter.md).
 from dataclasses import dataclass, replace
 
 PINNED_COMMIT = "8ce111717f7df3523f487fc2a11fa569cd3efaae"
-# aiter's HEAD when read (2026-08-22). What changed for the route, modelled here: v1_2's fold rule (which head counts
-# it counts unfolded, v1_2_device.cuh ~855-885) and get_mla_metadata_info_v1's sizes (attention.py ~1136-1280); v1_0
-# is unchanged (v1_0_device.cuh: ck_tile -> opus, torch -> aiter_tensor_t only). NOT modelled: v1_2's rewritten
-# walk (~359-690) and its parallel fill (~92-357, on by default for one query per segment): build_v1_2 runs the
-# pinned commit's walk over HEAD's fold rule, so a HEAD model run checks row agreement, not HEAD's split pieces.
+# aiter's HEAD when read (2026-08-22). What changed for the route, modelled here: v1_2's fold rule and packing
+# (v1_2@HEAD ~855-931), its serial walk and parallel fill (~27-696; the module docstring), and
+# get_mla_metadata_info_v1's sizes (attention.py ~1136-1280); v1_0 is unchanged (v1_0_device.cuh: ck_tile -> opus,
+# torch -> aiter_tensor_t only).
 HEAD_COMMIT = "e4048607a5"
 GENERATION_PINNED = "2026-03"       # the generation names of mixed_mla.backends.aiter_mla
 GENERATION_HEAD = "2026-08"
@@ -50,6 +59,10 @@ V1_0_GFX942_SPLITS = 16             # v1_0 get_local_splits under __gfx942__
 V1_0_MERGE_TAIL = 4                 # v1_0: a last split of <= 4 units is merged into the one before (~73, ~131)
 FAST_OVERHEAD_NUMERATOR = 16        # v1_2 host: fixed_over_head_num_blocks = max(1, ceil(16 / page_size))
 FP8_DTYPES = ("float8_e4m3fn", "float8_e4m3fnuz")
+HEAD_NARROW_PACKED_QO_LEN = 64      # v1_2@HEAD host ~921-931: kPackedQoLenPerWg 64 for some gfx950 cases
+PARALLEL_SCALAR_INTS = 3            # v1_2@HEAD parallel fill's LDS scratch: payload, works, reduce (~107-110)
+PARALLEL_PER_BATCH_INTS = 5         # start CU, payload left, works / reduce / partial rows before (~110-114)
+LDS_INT_BYTES = 4
 
 
 class ModelError(Exception):
@@ -58,13 +71,15 @@ class ModelError(Exception):
 
 @dataclass(frozen=True)
 class Device:
-    """What the builders read from the device: hipDeviceProp_t.multiProcessorCount and the gfx arch."""
+    """What the builders read from the device: the gfx arch, hipDeviceProp_t.multiProcessorCount and
+    maxSharedMemoryPerMultiProcessor (the LDS bytes v1_2's dispatcher sizes its batch tables against)."""
     arch: str
     num_cu: int
+    lds_bytes: int
 
 
-MI300X = Device("gfx942", 304)
-MI355X = Device("gfx950", 256)
+MI300X = Device("gfx942", 304, 64 * 1024)    # CDNA3: 64 KiB LDS per CU
+MI355X = Device("gfx950", 256, 160 * 1024)   # CDNA4: 160 KiB LDS per CU
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,9 @@ class Metadata:
     reduce_final_map: list      # (qo_start, qo_end) per output tile
     reduce_partial_map: list    # partial-buffer row of each split's tile
     qk_batch_ratio: int         # > 1: heads folded into groups of 16, query rows counted in the folded view
+    fill: str = ""              # v1_2: "walk" (one lane walks the CUs) or "parallel" (v1_2@HEAD's parallel fill)
+    # reduce_final_map: the device writes only the entries of tiles with several pieces (v1_2 ~213, v1_2@HEAD ~279,
+    # ~518); the model gives every tile its query rows, which the reduce reads only for those tiles.
 
 
 # ---- integer arithmetic as the device code does it ----
@@ -199,7 +217,7 @@ def _v1_2_serves(generation, arch, heads, max_seqlen_qo, q8, kv8) -> bool:
 def build(device: Device, qo_indptr: list, kv_indptr: list, kv_last_page_lens: list, num_heads_per_head_k,
           num_heads_k, page_size, kv_granularity, max_seqlen_qo, uni_seqlen_qo, fast_mode, max_split_per_batch,
           intra_batch_mode, q_dtype: str, reduce_indptr_size: int, kv_dtype: str = "bfloat16",
-          topk=-1, generation=GENERATION_PINNED) -> Metadata:
+          topk=-1, generation=GENERATION_PINNED, is_causal=True) -> Metadata:
     if kv_granularity & (kv_granularity - 1) or page_size & (page_size - 1):   # metadata.cu ~66-69 TORCH_CHECKs
         raise ModelError("kv_granularity and page_size must be powers of two")
     if topk >= 0:
@@ -207,7 +225,7 @@ def build(device: Device, qo_indptr: list, kv_indptr: list, kv_last_page_lens: l
     if fast_mode:
         return build_v1_2(device, qo_indptr, kv_indptr, kv_last_page_lens, num_heads_per_head_k, num_heads_k,
                           page_size, kv_granularity, max_seqlen_qo, uni_seqlen_qo, max_split_per_batch, q_dtype,
-                          kv_dtype, reduce_indptr_size, generation)
+                          kv_dtype, reduce_indptr_size, generation, is_causal)
     if intra_batch_mode:
         return build_v1_0(device, kv_indptr, num_heads_per_head_k, num_heads_k, kv_granularity, uni_seqlen_qo,
                           max_split_per_batch, q_dtype, reduce_indptr_size)
@@ -308,13 +326,16 @@ def _v1_0_work_indptr(work_end, num_cu):
 
 @dataclass(frozen=True)
 class _FastParams:
-    """get_mla_metadata_v1_2_device's params (v1_2 ~441-508) that the kernel's walk reads."""
+    """get_mla_metadata_v1_2_device's params (v1_2 ~441-508, v1_2@HEAD ~894-931) that the kernels read."""
     num_batches: int
     num_heads: int
     ratio: int
     ori_uni: int
     uni: int                    # < 1: read qo_indptr (v1_comm MLA_UNI_SEQLEN_DISPATCHER: -1 path)
-    qo_splits: bool             # kQoSplits: a segment's packed queries exceed 128 (v1_comm MLA_METADATA_DISPATCHER)
+    packed_per_wg: int          # kPackedQoLenPerWg: 128, or 64 in HEAD's narrow cases (v1_2@HEAD ~921-931)
+    qo_splits: bool             # kQoSplits: a segment's packed queries exceed packed_per_wg (MLA_METADATA_DISPATCHER)
+    head_tiles: bool            # HEAD's tile rule (mla_v12_num_qo_tiles, v1_2@HEAD ~27-47)
+    causal: bool                # trim a query tile's KV by the causal rule (HEAD: only when is_causal, ~481)
     page_size: int
     g: int
     overhead: int
@@ -342,58 +363,185 @@ class _Queries:
         return self.p.uni * (bid + 1) if self.p.uni >= 1 else self.qo[bid + 1]
 
     def tiles(self, bid):
+        """Query tiles of a batch: pinned get_num_qo_tiles (v1_2 ~59-70); HEAD one tile per query when two rows of
+        heads overflow a tile (v1_2@HEAD ~35-38)."""
         if not self.p.qo_splits:
             return 1
-        return _ceil_div_pow2(self.seqlen(bid) * self.p.num_heads, PACKED_QO_LEN_PER_WG)
+        if self.p.head_tiles and self.p.num_heads * 2 > self.p.packed_per_wg:
+            return self.seqlen(bid)
+        return _ceil_div_pow2(self.seqlen(bid) * self.p.num_heads, self.p.packed_per_wg)
+
+
+def _head_packed_per_wg(arch, heads, max_seqlen_qo, fp8, bf16) -> int:
+    """v1_2@HEAD host ~921-931 (heads after folding)."""
+    packed = heads * max_seqlen_qo
+    if arch == "gfx950" and bf16 and packed >= 64 and heads <= 64 and (packed < 128 or heads == 48):
+        return HEAD_NARROW_PACKED_QO_LEN
+    if arch == "gfx950" and fp8 and heads == 32 and max_seqlen_qo == 3:
+        return HEAD_NARROW_PACKED_QO_LEN
+    return PACKED_QO_LEN_PER_WG
 
 
 def _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, g, max_seqlen_qo, ori_uni,
-                 max_split_per_batch, q_dtype, kv_dtype, generation=GENERATION_PINNED):
+                 max_split_per_batch, q_dtype, kv_dtype, generation=GENERATION_PINNED, is_causal=True):
+    head = generation == GENERATION_HEAD
     num_cu = device.num_cu // heads_k
     heads = heads_k * heads_per_k
     batches = len(kv_indptr) - 1
     q8, kv8 = q_dtype in FP8_DTYPES, kv_dtype in FP8_DTYPES
-    native = v1_2_unfolded(generation, device.arch, heads, max_seqlen_qo, q8, kv8)  # (~459-462)
+    native = v1_2_unfolded(generation, device.arch, heads, max_seqlen_qo, q8, kv8)  # (~459-462; HEAD ~855-863)
     ratio = 1
-    if not native and heads % 16 == 0:                                                # (~464-469)
+    if not native and heads % 16 == 0:                                                # (~464-469; HEAD ~865-870)
         ratio, heads = heads // 16, 16
         batches *= ratio
-    if not _v1_2_serves(generation, device.arch, heads, max_seqlen_qo, q8, kv8):     # (~471-475)
+    if not _v1_2_serves(generation, device.arch, heads, max_seqlen_qo, q8, kv8):     # (~471-475; HEAD ~872-888)
         raise ModelError(f"v1_2 does not support {heads} heads with these dtypes")
     splits = num_cu if max_split_per_batch < 0 else min(num_cu, max_split_per_batch * batches)   # (~477-479)
-    kernel_heads = heads if (not native and q8 and kv8) else heads_k * heads_per_k     # fold_to_qh16 (~481, ~494)
-    overhead = max(1, -(-FAST_OVERHEAD_NUMERATOR // page_size))                          # (~507)
+    if head:                                                                           # HEAD ~905: folded heads
+        kernel_heads = heads
+        packed_per_wg = _head_packed_per_wg(device.arch, heads, max_seqlen_qo, q8 and kv8, not q8 and not kv8)
+    else:                                                                              # fold_to_qh16 (~481, ~494)
+        kernel_heads = heads if (not native and q8 and kv8) else heads_k * heads_per_k
+        packed_per_wg = PACKED_QO_LEN_PER_WG
+    overhead = max(1, -(-FAST_OVERHEAD_NUMERATOR // page_size))                          # (~507; HEAD ~918)
     uni = ori_uni if ori_uni >= 1 else -1
-    qo_splits = not 0 < max_seqlen_qo * heads_per_k <= PACKED_QO_LEN_PER_WG            # (~511-516)
-    p = _FastParams(batches, kernel_heads, ratio, ori_uni, uni, qo_splits, page_size, g, overhead,
-                    max_seqlen_qo, num_cu, 0)
+    qo_splits = not 0 < max_seqlen_qo * heads_per_k <= packed_per_wg                   # (~511-516; HEAD ~934)
+    p = _FastParams(batches, kernel_heads, ratio, ori_uni, uni, packed_per_wg, qo_splits, head,
+                    is_causal or not head, page_size, g, overhead, max_seqlen_qo, num_cu, 0)
     queries = _Queries(p, qo_indptr)
-    total = 0                                                                           # sum_blocks (~76-105)
+    total = 0                                                   # sum_blocks (~76-105; HEAD ~49-88)
     for bid in range(batches):
         b = _c_div(bid, ratio)
         total += (_ceil_div_pow2(kv_indptr[b + 1] - kv_indptr[b], g) + overhead) * queries.tiles(bid)
-    payload = _ceil_div(total, splits) + overhead                                       # (~118)
+    payload = _ceil_div(total, splits) + overhead                                       # (~118; HEAD ~139, ~412)
     return replace(p, payload=payload), queries
 
 
 def build_v1_2(device, qo_indptr, kv_indptr, kv_last_page_lens, heads_per_k, heads_k, page_size, g,
                max_seqlen_qo, ori_uni, max_split_per_batch, q_dtype, kv_dtype, reduce_indptr_size,
-               generation=GENERATION_PINNED) -> Metadata:
-    """kn_get_mla_metadata_v1_2 (v1_2 ~24-380): CU parts take work in segment order, each up to `payload` KV
-    blocks plus a fixed overhead per item; a segment that does not fit is split, its pieces merged later."""
+               generation=GENERATION_PINNED, is_causal=True) -> Metadata:
+    """fast_mode: HEAD's parallel fill where its dispatcher picks it, else the walk (kn_get_mla_metadata_v1_2,
+    v1_2 ~24-380, v1_2@HEAD ~359-696): CU parts take work in segment order, each up to `payload` KV blocks plus a
+    fixed overhead per item; a segment that does not fit is split, its pieces merged later."""
     p, queries = _fast_params(device, kv_indptr, qo_indptr, heads_per_k, heads_k, page_size, g, max_seqlen_qo,
-                              ori_uni, max_split_per_batch, q_dtype, kv_dtype, generation)
+                              ori_uni, max_split_per_batch, q_dtype, kv_dtype, generation, is_causal)
+    if generation == GENERATION_HEAD and uses_parallel_fill(p, device, max_seqlen_qo):
+        return _ParallelFill(p, queries, kv_indptr).metadata(reduce_indptr_size)
     walk = _FastWalk(p, queries, kv_indptr, kv_last_page_lens)
     work_indptr = [0]
     for _ in range(p.num_cu):
         walk.fill_one_cu()
         work_indptr.append(len(walk.work))
     reduce_indptr = walk.reduce_indptr + [walk.last_reduce] * (reduce_indptr_size - len(walk.reduce_indptr))
-    return Metadata("v1_2", walk.work, work_indptr, reduce_indptr, walk.final_map, walk.partial_map, p.ratio)
+    return Metadata("v1_2", walk.work, work_indptr, reduce_indptr, walk.final_map, walk.partial_map, p.ratio,
+                    "walk")
+
+
+def uses_parallel_fill(p: _FastParams, device: Device, max_seqlen_qo) -> bool:
+    """dispatch_mla_metadata_v1_2_device at HEAD (v1_2@HEAD ~715-737), AITER_MLA_META_USE_PARALLEL unset: one query
+    per segment, no query tiling, page size 1, no folding, and its LDS tables (without the KV lengths, ~732) fit."""
+    if not (max_seqlen_qo == 1 and not p.qo_splits and p.page_size == 1 and p.ratio == 1):
+        return False
+    query_ints = 0 if p.uni >= 1 else p.num_batches                 # QoState::is_unique: kUniSeqlenQo >= 0
+    scratch_ints = PARALLEL_SCALAR_INTS + PARALLEL_PER_BATCH_INTS * p.num_batches
+    return LDS_INT_BYTES * (scratch_ints + query_ints) <= device.lds_bytes
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """Phase 1's record of one batch (v1_2@HEAD ~159-163): where its first piece lands and what came before."""
+    start_cu: int
+    remain: int                 # payload left on start_cu
+    works_before: int
+    reduce_before: int
+    partial_before: int
+
+
+class _ParallelFill:
+    """kn_get_mla_metadata_v1_2_parallel (v1_2@HEAD ~90-357): a scan places every batch (phase 1), then each batch
+    writes its own pieces (phase 2), one KV block range per CU it touches. One query tile per batch (the dispatcher
+    guarantees it), so reduce tile t is batch t."""
+
+    def __init__(self, p: _FastParams, queries: _Queries, kv_indptr):
+        self.p, self.q, self.kv = p, queries, kv_indptr
+        self.per_cu = p.payload - p.overhead                                   # blocks_per_cu (~140, ~216)
+        self.placements = []
+        self.total_works = self.total_reduce = 0
+        self._scan()
+
+    def blocks(self, bid):
+        return _ceil_div_pow2(self.kv[bid + 1] - self.kv[bid], self.p.g)
+
+    def _scan(self):
+        """Phase 1 (~152-209). A batch that fits takes one item on the current CU; one that does not takes what is
+        left there (if more than the overhead) and whole CUs after it, the last one partly. An empty batch met with
+        no more than the overhead left takes no CU at all and leaves 0 payload on this one (~193-198 with 0 blocks)."""
+        p, cu, remain, works, reduce, partial = self.p, 0, self.p.payload, 0, 0, 0
+        for bid in range(p.num_batches):
+            self.placements.append(_Placement(cu, remain, works, reduce, partial))
+            blocks = self.blocks(bid)
+            if blocks + p.overhead <= remain:
+                works += 1
+                remain -= blocks + p.overhead
+                continue
+            rest = blocks - (remain - p.overhead) if remain > p.overhead else blocks
+            fresh = _ceil_div(rest, self.per_cu)
+            frags = fresh + 1 if remain > p.overhead else fresh
+            cu += fresh
+            remain = p.payload - (rest - (fresh - 1) * self.per_cu + p.overhead)
+            works += frags
+            if frags > 1:
+                reduce += frags
+                partial += frags * self.q.seqlen(bid)
+        self.total_works, self.total_reduce = works, reduce
+
+    def fragments(self, bid):
+        """[(block_begin, block_end, cu)] of batch bid's pieces and whether its start CU is closed unused (phase 2b,
+        ~248-269 and ~297-318)."""
+        p, at, blocks = self.p, self.placements[bid], self.blocks(bid)
+        if blocks + p.overhead <= at.remain:
+            return [(0, blocks, at.start_cu)], False
+        if at.remain > p.overhead:
+            first = at.remain - p.overhead
+            fresh = _ceil_div(blocks - first, self.per_cu)
+            return [(0 if i == 0 else first + (i - 1) * self.per_cu, first + i * self.per_cu if i < fresh else blocks,
+                     at.start_cu + i) for i in range(fresh + 1)], False
+        fresh = _ceil_div(blocks, self.per_cu)
+        return [(i * self.per_cu, (i + 1) * self.per_cu if i < fresh - 1 else blocks, at.start_cu + 1 + i)
+                for i in range(fresh)], True
+
+    def metadata(self, reduce_indptr_size) -> Metadata:
+        """Phase 2 (~220-349) and 3 (~351-356): every CU's end starts at the total (2a); a piece that is not its
+        batch's last closes its CU after itself, a wasted start CU is closed before the batch (2b)."""
+        p, g = self.p, self.p.g
+        work = [None] * self.total_works
+        work_indptr = [0] + [self.total_works] * p.num_cu
+        reduce_indptr, final_map, partial_map = [0] * (p.num_batches + 1), [], [None] * self.total_reduce
+        for bid, at in enumerate(self.placements):
+            frags, wasted = self.fragments(bid)
+            split = len(frags) > 1
+            tile_rows = self.q.seqlen(bid)
+            kv_begin, kv_end = self.kv[bid] - self.kv[0], self.kv[bid + 1] - self.kv[0]       # (~237-239)
+            reduce_indptr[bid + 1] = at.reduce_before + (len(frags) if split else 0)
+            final_map.append((self.q.begin(bid), self.q.end(bid)))
+            if wasted and at.start_cu + 1 <= p.num_cu:
+                work_indptr[at.start_cu + 1] = at.works_before
+            for index, (begin, end, cu) in enumerate(frags):
+                stop = min(kv_begin + end * g, kv_end)
+                partial = at.partial_before + index * tile_rows if split else -1
+                work[at.works_before + index] = WorkItem(bid, partial, self.q.begin(bid), self.q.end(bid),
+                                                         kv_begin + begin * g, stop, kv_end - stop)
+                if split:
+                    partial_map[at.reduce_before + index] = partial
+                if index < len(frags) - 1 and cu + 1 <= p.num_cu:
+                    work_indptr[cu + 1] = at.works_before + index + 1
+        reduce_indptr += [self.total_reduce] * (reduce_indptr_size - len(reduce_indptr))
+        return Metadata("v1_2", work, work_indptr, reduce_indptr, final_map, partial_map, p.ratio, "parallel")
 
 
 class _FastWalk:
-    """The kernel's single-lane walk over (batch, query tile) with a KV block cursor (v1_2 ~120-373)."""
+    """The kernel's single-lane walk over (batch, query tile) with a KV block cursor (v1_2 ~120-373; at HEAD
+    ~414-689, the same rules but for _Queries.tiles and the is_causal gate in _held_back)."""
 
     def __init__(self, p: _FastParams, queries: _Queries, kv_indptr, last_page_lens):
         self.p, self.q, self.kv, self.last_page_lens = p, queries, kv_indptr, last_page_lens
@@ -419,7 +567,10 @@ class _FastWalk:
                 return
 
     def _held_back(self):
-        """Units at the end of the segment kept from this query tile by the causal rule (page_size 1 only)."""
+        """Units at the end of the segment kept from this query tile by the causal rule (page_size 1 only; at HEAD
+        only when is_causal, v1_2@HEAD ~481 and ~634)."""
+        if not self.p.causal:
+            return 0
         tiles = self.q.tiles(self.batch)
         held = tiles - 1 - self.tile
         if self.p.ratio != 1:
