@@ -64,7 +64,7 @@ compared with the generation's modelled rule:
   "2026-08": aiter e4048607a5 (2026-08-22, HEAD when read): the same call, plus max_split_per_batch in the
              workspace sizing, CP round-robin parameters and a batch gate on the persistent decode; its v1_2 and
              its decode run gfx950 fp8 32/64/128 heads and all gfx950 bf16 head counts unfolded, while v1_0 still
-             folds 32..112 (modelled: the fold rules; v1_2's rewritten walk is not).
+             folds 32..112 (modelled: the fold rules and v1_2's rewritten walk and parallel fill).
 Anything else (an aiter between or past these, a decode whose head rule differs from the model) is an unknown
 generation: the backend is unavailable, with one fallback warning. Within a known generation, a (heads, variant,
 q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the plan routes to the
@@ -629,7 +629,7 @@ def pairing_problem(generation, arch, num_heads, variant, max_q_len, kv_format, 
     does not cover, or None. A call with variant "" runs v1_0 or, where v1_0 would disagree, v1_2 (metadata_choice),
     so every variant needs v1_2 to agree with the decode. More than 16 heads are modelled with one query per segment
     only: folded, mla.py permutes Q (not modelled); unfolded at 2026-08, v1_2 tiles the queries by a rule
-    (mla_v12_num_qo_tiles, kPackedQoLenPerWg 64) the model lacks."""
+    (mla_v12_num_qo_tiles, kPackedQoLenPerWg 64) that the model writes from source but no decode test covers."""
     name = f"aiter {generation} on {arch}: {num_heads} heads, variant {variant!r}, q_len {max_q_len}, {kv_format}"
     if generation == API_2025_11 and (num_heads != HEAD_GROUP or variant != FAST_VARIANT):
         return f"{name}: the 2025-11 wheel's builders are not modelled (only its 16-head fast path is assumed)"
