@@ -37,8 +37,26 @@ SELF_CHECK_FAILED = "it failed its self-check against exact attention"
 LSE_REASON = "the plan asks for the log-sum-exp (return_lse=True), which this backend does not write (SPEC.lse)"
 
 
+class PlanGeometry:
+    """What a contiguous and a paged plan derive alike from their plan, batch, max_q_len and num_heads."""
+
+    @property
+    def kv_format(self) -> str:
+        return self.plan.kv_format
+
+    @property
+    def max_total_q(self) -> int:
+        """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
+        return self.batch * self.max_q_len
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The bytes this plan takes from a caller's workspace buffer (0 when its backend takes none)."""
+        return backends.workspace_bytes(self.plan, self.max_total_q, self.num_heads)
+
+
 @dataclass(frozen=True)
-class DecodePlan:
+class DecodePlan(PlanGeometry):
     """A planned decode for one batch layout: the backend module, the cache format it reads, its Plan."""
     plan: Plan
     backend: object        # the backend module (backends.module(plan.backend))
@@ -63,20 +81,6 @@ class DecodePlan:
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "_run", run)
         object.__setattr__(self, "op_id", ops.register(self))
-
-    @property
-    def kv_format(self) -> str:
-        return self.plan.kv_format
-
-    @property
-    def max_total_q(self) -> int:
-        """The most query rows a layout of this plan can have: every segment holds at most max_q_len."""
-        return self.batch * self.max_q_len
-
-    @property
-    def workspace_bytes(self) -> int:
-        """The bytes this plan takes from a caller's workspace buffer (0 when its backend takes none)."""
-        return backends.workspace_bytes(self.plan, self.max_total_q, self.num_heads)
 
     def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
             validate=False):

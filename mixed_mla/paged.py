@@ -145,7 +145,7 @@ def checked_paged_lengths(qo_indptr, block_table, seq_lens, total_q, cache: Page
 
 
 @dataclass(frozen=True)
-class PagedDecodePlan:
+class PagedDecodePlan(api.PlanGeometry):
     """A planned paged decode for one batch layout: the backend, the cache format and geometry, the Plan."""
     plan: Plan
     backend: object        # the backend module; it defines run_paged
@@ -167,19 +167,6 @@ class PagedDecodePlan:
                                             self.workspace_buffer)
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "op_id", ops.register(self))
-
-    @property
-    def kv_format(self) -> str:
-        return self.plan.kv_format
-
-    @property
-    def max_total_q(self) -> int:
-        return self.batch * self.max_q_len
-
-    @property
-    def workspace_bytes(self) -> int:
-        """The bytes this plan takes from a caller's workspace buffer (0 when its backend takes none)."""
-        return backends.workspace_bytes(self.plan, self.max_total_q, self.num_heads)
 
     def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
             validate=False):
