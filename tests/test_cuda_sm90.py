@@ -387,24 +387,6 @@ def test_a_fused_plan_refuses_a_workspace_without_counters():
 LSE_TOLERANCE = 1e-3   # absolute, in nats: fp32 sums of exact products; a missed split or tile moves it by > 0.01
 
 
-def _exact_lse(q, cache, kv_format, qo, kvi):
-    """float64 (total_q, H): lse[t, h] = log sum_j exp(sm_scale * q[t, h] . k_j) over the keys row t attends
-    (query i of a segment of L queries and N keys attends keys 0 .. N - L + i), -inf where it attends none."""
-    keys = formats.dequantize(cache, kv_format).to(torch.float64)
-    q64 = q.to(torch.float64)
-    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64, device=q.device)
-    qo_list, kv_list = qo.tolist(), kvi.tolist()
-    for b in range(len(qo_list) - 1):
-        num_q, num_kv = qo_list[b + 1] - qo_list[b], kv_list[b + 1] - kv_list[b]
-        for i in range(num_q):
-            attended = num_kv - num_q + i + 1
-            if attended > 0:
-                row = qo_list[b] + i
-                scores = DEFAULT_SM_SCALE * (q64[row] @ keys[kv_list[b]:kv_list[b] + attended].T)   # (H, attended)
-                lse[row] = torch.logsumexp(scores, dim=-1)
-    return lse
-
-
 @pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
 @_split_merges([1, 3, 40])   # the split kernel writes it (1), the merge kernel or the fused merge (3, 40)
 @pytest.mark.parametrize("layout", [LAYOUTS[4], LAYOUTS[3], LAYOUTS[8]], ids=["varlen_mtp", "nothing_seen", "h8"])
@@ -415,7 +397,8 @@ def test_lse_matches_float64_logsumexp(layout, splits, fused, kv_format, variant
     lse = torch.full(q.shape[:2], math.nan, dtype=torch.float32, device="cuda")
     out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens), variant, fused, lse=lse)
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
-    err = exact.lse_error(lse, _exact_lse(q, cache, kv_format, qo, kvi))
+    _, reference = exact.exact_attention(q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE, return_lse=True)
+    err = exact.lse_error(lse, reference)
     assert err < LSE_TOLERANCE, f"LSE off by {err:.2e}, splits {splits}, fused {fused}, {kv_format} {variant!r}"
 
 
@@ -425,7 +408,7 @@ def test_a_log2_lse_fails_the_bound(fused):
     q, kv, qo, kvi = _case([1, 2], [300, 900], 16, seed=52)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device="cuda")
     _run(q, kv, "bf16", qo, kvi, 4, 2, fused=fused, lse=lse)
-    exact_lse = _exact_lse(q, kv, "bf16", qo, kvi)
+    _, exact_lse = exact.exact_attention(q, kv, "bf16", qo, kvi, DEFAULT_SM_SCALE, return_lse=True)
     assert exact.lse_error(lse, exact_lse) < LSE_TOLERANCE
     assert exact.lse_error(lse / math.log(2), exact_lse) > 0.1
     assert exact.lse_error(lse + math.log(3 / 4), exact_lse) > 0.1   # three of four equal splits' mass
@@ -439,7 +422,8 @@ def test_paged_lse_matches_float64_logsumexp(kv_format, variant, splits, fused):
     lse = torch.full(q.shape[:2], math.nan, dtype=torch.float32, device="cuda")
     _run_paged(case, kv_format, splits, variant, fused=fused, lse=lse)
     torch.cuda.synchronize()
-    err = exact.lse_error(lse, _exact_lse(q, contiguous, kv_format, qo, kvi))
+    _, reference = exact.exact_attention(q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE, return_lse=True)
+    err = exact.lse_error(lse, reference)
     assert err < LSE_TOLERANCE, f"paged LSE off by {err:.2e}, splits {splits}, fused {fused}, {kv_format} {variant!r}"
 
 

@@ -295,22 +295,6 @@ def test_tiny_and_zero_q_heads_stay_finite(lane_emulator, kv_format):
 LSE_BOUND = exact.LSE_BOUND["hip_gfx950"]
 
 
-def _exact_lse(q, cache, kv_format, qo, kvp, sm_scale=DEFAULT_SM_SCALE):
-    """float64 (total_q, H): natural-log logsumexp of the scores over the keys each row attends (causal rule), -inf
-    where it attends nothing; on the dequantised cache, plainly."""
-    keys_all = formats.dequantize(cache, kv_format).to(torch.float64).reshape(-1, 576)
-    q64 = q.to(torch.float64)
-    lse = torch.full(q.shape[:2], float("-inf"), dtype=torch.float64)
-    qo_list, kv_list = qo.tolist(), kvp.tolist()
-    for b in range(len(qo_list) - 1):
-        rows, keys = q64[qo_list[b]:qo_list[b + 1]], keys_all[kv_list[b]:kv_list[b + 1]]
-        for i in range(rows.shape[0]):
-            visible = keys.shape[0] - rows.shape[0] + i + 1
-            if visible > 0:
-                lse[qo_list[b] + i] = torch.logsumexp(rows[i] @ keys[:visible].T * sm_scale, dim=-1)
-    return lse
-
-
 def _fused_run(lib, q, cache, qo, kvp, num_splits, occupancy, arrivals=None, lse=None):
     return _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits, occupancy, lse=lse, arrivals=arrivals, fused=True)
 
@@ -325,7 +309,8 @@ def test_fused_kernel_meets_the_bound_matches_the_twin_and_writes_the_lse(lane_e
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[("fp8", "hip_gfx950")]
     twin = hip_twin.twin_decode(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, 3)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
-    assert exact.lse_error(lse, _exact_lse(q, cache, "fp8", qo, kvp)) <= LSE_BOUND
+    _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+    assert exact.lse_error(lse, reference) <= LSE_BOUND
     assert not arrivals.any()                      # every counter is back to 0 for the next call
 
 
@@ -336,7 +321,7 @@ def test_two_kernel_path_writes_the_natural_log_lse(lane_emulator, kv_format, nu
     lse = torch.full(q.shape[:2], float("nan"))
     error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits, 3, lse=lse)
     assert not error
-    reference = _exact_lse(q, cache, kv_format, qo, kvp)
+    _, reference = exact.exact_attention(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
     assert torch.isinf(reference).any() and exact.lse_error(lse, reference) <= LSE_BOUND
     # negative: the same numbers in base 2 (the kernels' internal unit, unconverted) fail the bound
     assert exact.lse_error(lse / math.log(2), reference) > 10 * LSE_BOUND
@@ -355,7 +340,8 @@ def test_fused_kernel_on_random_layouts_many_calls_in_a_row(lane_emulator, layou
         error, out = _fused_run(lane_emulator, q, cache, qo, kvp, max(layout.num_splits, 2), occupancy, arrivals, lse)
         assert not error and not arrivals.any()
         assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[("fp8", "hip_gfx950")]
-        assert exact.lse_error(lse, _exact_lse(q, cache, "fp8", qo, kvp)) <= LSE_BOUND
+        _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+        assert exact.lse_error(lse, reference) <= LSE_BOUND
 
 
 def test_fused_kernel_fails_on_a_counter_left_non_zero(lane_emulator):
