@@ -6,9 +6,10 @@
 #   that make the fp8 kernel's early guess wrong. Writes everything under $1, by default
 #   benchmarks/results/release/ (replaced). On the device machine give a scratch folder and tar it into $OUT:
 #   bash benchmarks/sm90/release_check.sh /tmp/release && tar -C /tmp -czf $OUT/release.tgz release
-# PARTS="checks sanitizers" (the default) picks what runs: `checks` = the tests, eval.py, the leaderboard's eval.py and
-#   the tolerances; `sanitizers` = compute-sanitizer. Two device calls (each under its 10-minute limit) can run them
-#   one after the other into the same folder; the log is appended to.
+# PARTS="checks sanitizers" (the default) picks what runs: `checks` = the tests, eval.py, the leaderboard's eval.py,
+#   the tolerances, protocol_floor and ratio.txt (eval.py geomean / fp8 bare read); `sanitizers` = compute-sanitizer.
+#   Two device calls (each under its 10-minute limit) can run them one after the other into the same folder; the log
+#   is appended to.
 # AUTOTUNE=1 first re-measures the planner table (tools/autotune.py) and rebundles submission.py from it, so the
 #   checks run the kernels and table of this very tree; both files land in $1 to be committed from there.
 set -uo pipefail
@@ -59,6 +60,11 @@ echo "== leaderboard eval.py (reference-kernels $(cat .leaderboard/COMMIT)) test
 echo "rc=$? (leaderboard_test)" >>"$log"
 # each format and path against the problem README's tolerance and reference.py's, and the strict bound (docs/aiter.md)
 step tolerances 150 python3 tools/check_tolerances.py --json "$out/tolerances.json"
+# the fp8 bare read in this same call, and eval.py's geomean set against it (ratio.txt, issue 38's verdict)
+step protocol_floor 150 python3 -m benchmarks.sm90.protocol_floor --repeats 30 --out "$out/protocol"
+step ratio 10 python3 -m benchmarks.sm90.release_ratio "$out" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" "${MLA_COMMIT:-unknown}"
+cat "$out/ratio.txt" >>"$log"
 tail -n 3 "$out"/pytest_gpu.txt >>"$log"
 cat "$out/eval_benchmark.txt" >>"$log"
 fi
