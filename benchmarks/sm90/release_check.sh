@@ -61,7 +61,7 @@ echo "rc=$? (leaderboard_test)" >>"$log"
 # each format and path against the problem README's tolerance and reference.py's, and the strict bound (docs/aiter.md)
 step tolerances 150 python3 tools/check_tolerances.py --json "$out/tolerances.json"
 # the fp8 bare read in this same call, and eval.py's geomean set against it (ratio.txt, issue 38's verdict)
-step protocol_floor 150 python3 -m benchmarks.sm90.protocol_floor --repeats 30 --out "$out/protocol"
+step protocol_floor 150 python3 -m benchmarks.sm90.protocol_floor --repeats 30 --out "$out/protocol"   # its log: protocol/probe.txt
 step ratio 10 python3 -m benchmarks.sm90.release_ratio "$out" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" "${MLA_COMMIT:-unknown}"
 cat "$out/ratio.txt" >>"$log"
