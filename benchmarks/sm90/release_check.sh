@@ -3,7 +3,7 @@
 #   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
 #   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
 #   cases, and compute-sanitizer (memcheck, racecheck, synccheck) on garbage indptr contents and on the layouts
-#   that make the fp8 kernel's early guess wrong. Writes everything under $1, by default
+#   that make the kernels' early guess wrong. Writes everything under $1, by default
 #   benchmarks/results/release/ (replaced). On the device machine give a scratch folder and tar it into $OUT:
 #   bash benchmarks/sm90/release_check.sh /tmp/release && tar -C /tmp -czf $OUT/release.tgz release
 # PARTS="checks sanitizers" (the default) picks what runs: `checks` = the tests, eval.py, the leaderboard's eval.py,
@@ -45,7 +45,7 @@ if [ "${AUTOTUNE:-0}" = 1 ]; then
   step bundle 60 python3 tools/bundle.py
   cp mixed_mla/tables/h200.json submission.py "$out/"
 fi
-step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_properties.py \
+step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py tests/test_properties.py \
   tests/test_entry.py tests/test_api.py tests/test_harness.py tests/test_paged.py tests/test_indptr_guarantee.py \
   tests/test_backends.py
 POPCORN_FD=3 step eval_test_popcorn 50 python3 eval.py test tests.txt 3>"$out/eval_test_keys.txt"
@@ -75,10 +75,10 @@ fi
 # selects both garbage tests); each of these runs the merge kernel and the fused merge (whose counters the
 # "fused_counters" tests read back after 200 graph replays).
 if [[ "$parts" == *sanitizers* ]]; then
-sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or fused_counters"
+sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or fused_counters or poisoned or replays"
 for tool in memcheck racecheck synccheck; do
   step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py -k "$sanitized"
+    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py -k "$sanitized"
 done
 tail -n 3 "$out"/memcheck.txt "$out"/racecheck.txt "$out"/synccheck.txt >>"$log"
 fi
