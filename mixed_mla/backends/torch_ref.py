@@ -13,12 +13,12 @@ and fallback path, not the fast one.
 import torch
 
 from . import BackendSpec
-from ..constants import KV_FORMATS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from ..constants import DS_MLA_FORMAT, QK_HEAD_DIM, SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..formats import as_uint8, dequantize, mxfp4_scale_shape
 from ..validate import check_indptr_contents, indptr_to_host
 
 # Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
-SPEC = BackendSpec(name="torch", formats=KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
+SPEC = BackendSpec(name="torch", formats=SERVED_KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
                    splits_kv=False, lse=True, strided_pages=True)
 
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
@@ -35,7 +35,7 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     when given; `plan`, `max_q_len` and `workspace` do not matter here. The indptr contents are read on the host
     anyway, so bad ones raise here (validate.check_indptr_contents)."""
     qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
-    kv_rows = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[0]
+    kv_rows = _rows_tensor(kv_cache, kv_format).shape[0]
     check_indptr_contents(qo, kvp, q.shape[0], kv_rows)
     q_lens = torch.tensor(qo).diff()
     kv_lens = torch.tensor(kvp).diff()
@@ -51,9 +51,18 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
                       q_lens[first:last], kv_lens[first:last])
 
 
+def _rows_tensor(kv_cache, kv_format):
+    """The cache tensor whose leading dims index its rows: the cache itself for the one-tensor formats (bf16,
+    fp8_ds_mla), else its data / codes."""
+    return kv_cache if kv_format in _ONE_TENSOR_FORMATS else kv_cache[0]
+
+
+_ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)
+
+
 def _dequantize_rows(kv_cache, kv_format, start, stop):
     """float32 (stop - start, 576) of cache rows [start, stop)."""
-    if kv_format == "bf16":
+    if kv_format in _ONE_TENSOR_FORMATS:
         return dequantize(kv_cache[start:stop], kv_format)
     data, scale = kv_cache  # mxfp4: scale rows line up with data rows, so the same slice applies
     return dequantize((data[start:stop], scale if kv_format == "fp8" else scale[start:stop]), kv_format)
@@ -131,7 +140,7 @@ def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, pla
     not be back to back (any page stride): rows are indexed by (page, row), never through a flattened cache."""
     qo = qo_indptr.tolist()
     lengths = seq_lens.tolist()
-    page_size = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[1]
+    page_size = _rows_tensor(kv_cache, kv_format).shape[1]
     first = 0
     while first < len(lengths):
         last, rows = first, 0
@@ -164,6 +173,8 @@ def _gather_rows(kv_cache, kv_format, pages, offsets):
     1-byte formats are gathered as bytes: torch indexes few of their dtypes."""
     if kv_format == "bf16":
         return kv_cache[pages, offsets].unsqueeze(1)
+    if kv_format == DS_MLA_FORMAT:
+        return as_uint8(kv_cache)[pages, offsets].unsqueeze(1)
     data, aux = kv_cache
     data_rows = as_uint8(data)[pages, offsets].unsqueeze(1).view(data.dtype)
     if kv_format == "fp8":
@@ -171,3 +182,4 @@ def _gather_rows(kv_cache, kv_format, pages, offsets):
     scales = torch.zeros(mxfp4_scale_shape(pages.shape[0]), dtype=torch.uint8, device=aux.device)
     scales[:pages.shape[0]] = as_uint8(aux)[pages, offsets]
     return data_rows, scales.view(aux.dtype)
+
