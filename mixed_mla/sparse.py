@@ -22,14 +22,20 @@ FlashMLA's layouts map onto these rows: q (b, s_q, H, 576) -> q.reshape(b * s_q,
 is out.view(b, s_q, H, 512), its LSE (b, H, s_q) is lse.view(b, s_q, H).transpose(1, 2).
 
 Bad indices never read out of bounds: backends gather only valid slots (the others read slot 0, masked).
+
+Two routes (docs/sparse.md#routes): a backend's own run_sparse (torch), or a compiled backend's paged decode fed a
+gather: each row's usable entries, compacted to the front in order, are the block table of a page-size-1 view of
+the cache, one query row per sequence (so no causal rule applies) and the row's count its length; the splits then
+cut the top-k list, and the sink is applied to the output afterwards from the LSE the paged decode writes.
 """
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
 from . import api, backends, ops
 from .constants import QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .paged import PagedCache, paged_cache_of
+from .paged import PagedCache, PagedDecodePlan, paged_cache_of, plan_paged
 from .planner import device_arch, forced_backend
 from .validate import INDPTR_DTYPE, check_kv_format, check_tensor, indexed_device, normalized_cache
 
@@ -38,17 +44,27 @@ INVALID_INDEX = -1   # FlashMLA's marker of an unused top-k entry
 
 @dataclass(frozen=True)
 class SparseDecodePlan:
-    """A planned sparse decode: the backend that serves it, the format, heads and top-k width it was made for."""
+    """A planned sparse decode: the backend that serves it, the format, query rows, heads and top-k width it was
+    made for."""
     backend_name: str
-    backend: object        # the backend module; it defines run_sparse
+    backend: object        # the backend module: its run_sparse serves, or (through_paged) its run_paged
     kv_format: str
     device: torch.device
+    total_q: int
     num_heads: int
     topk: int
     return_lse: bool = False
+    # The gather route: a page-size-1 paged plan over the compacted indices (one sequence per query row); None: the
+    # backend's run_sparse.
+    through_paged: Optional[PagedDecodePlan] = field(default=None, repr=False)
+    # the gather route's qo_indptr, 0 .. total_q (query row i is sequence i); None on the other route
+    row_indptr: Optional[torch.Tensor] = field(init=False, repr=False, compare=False)
     op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode_sparse` calls it by
 
     def __post_init__(self):
+        rows = None if self.through_paged is None else torch.arange(
+            self.total_q + 1, dtype=INDPTR_DTYPE, device=self.device)
+        object.__setattr__(self, "row_indptr", rows)
         object.__setattr__(self, "op_id", ops.register(self))
 
     def run(self, q, kv_cache, indices, *, sm_scale, topk_length=None, attn_sink=None, out=None, lse=None,
@@ -71,17 +87,62 @@ class SparseDecodePlan:
     def check(self, q, kv_cache, indices, topk_length, attn_sink, out) -> PagedCache:
         """The inputs' host checks and the plan's bounds (no sync)."""
         cache = check_sparse_inputs(q, kv_cache, self.kv_format, indices, topk_length, attn_sink, out)
-        layout, planned = (q.device, q.shape[1], indices.shape[1]), (self.device, self.num_heads, self.topk)
+        layout = (q.device, q.shape[0], q.shape[1], indices.shape[1])
+        planned = (self.device, self.total_q, self.num_heads, self.topk)
         if layout != planned:
-            raise ValueError(f"this plan is for (device, heads, topk) {planned}; got {layout}: plan again")
+            raise ValueError(f"this plan is for (device, total_q, heads, topk) {planned}; got {layout}: plan again")
+        if self.through_paged is not None and not cache.pages_back_to_back:
+            raise ValueError("this plan's route views the cache as one page per row, which needs its pages back to "
+                             "back: plan with strided_pages=True")
         return cache
 
     def checked_launch(self, q, kv_cache, indices, topk_length, attn_sink, out, lse, sm_scale) -> None:
         """The op's body: every host check, then the backend's run_sparse."""
-        self.check(q, kv_cache, indices, topk_length, attn_sink, out)
+        cache = self.check(q, kv_cache, indices, topk_length, attn_sink, out)
         api.check_lse(lse, q, self.return_lse)
-        self.backend.run_sparse(q, normalized_cache(kv_cache, self.kv_format), self.kv_format, indices, topk_length,
-                                attn_sink, out, sm_scale, lse=lse)
+        if self.through_paged is None:
+            self.backend.run_sparse(q, normalized_cache(kv_cache, self.kv_format), self.kv_format, indices,
+                                    topk_length, attn_sink, out, sm_scale, lse=lse)
+            return
+        table, lengths = compacted_slots(indices, topk_length, cache.num_pages * cache.page_size)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if lse is None else lse
+        self.through_paged.run(q, one_row_pages(kv_cache, cache), self.row_indptr, table, lengths,
+                               sm_scale=sm_scale, out=out, lse=lse)
+        if attn_sink is not None:   # a second bf16 rounding of the output (2^-9 relative at most)
+            out.copy_(out.to(torch.float32).mul_(sink_factor(lse, attn_sink).unsqueeze(-1)))
+
+
+def sink_factor(lse: torch.Tensor, attn_sink: torch.Tensor) -> torch.Tensor:
+    """float32 (rows, H): exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink), 0 for a row that attends
+    nothing (lse -inf; its output is zeros whatever the sink)."""
+    return torch.sigmoid(lse - attn_sink).masked_fill_(torch.isneginf(lse), 0.0)
+
+
+def usable_entries(indices, topk_length, num_slots: int) -> torch.Tensor:
+    """bool (total_q, topk): the entries a row attends: within the cache, and left of its topk_length."""
+    slots = indices.to(torch.int64)
+    used = (slots >= 0) & (slots < num_slots)
+    if topk_length is not None:
+        used &= torch.arange(indices.shape[1], device=indices.device) < topk_length[:, None]
+    return used
+
+
+def compacted_slots(indices, topk_length, num_slots: int):
+    """(table int32 (total_q, topk), lengths int32 (total_q,)): each row's usable slots moved to its front in their
+    order (repeats kept), the rest 0; lengths their counts. Device ops only (no sync)."""
+    used = usable_entries(indices, topk_length, num_slots)
+    order = torch.sort((~used).to(torch.uint8), dim=1, stable=True).indices
+    table = torch.gather(torch.where(used, indices, 0), 1, order)
+    return table, used.sum(dim=1, dtype=INDPTR_DTYPE)
+
+
+def one_row_pages(kv_cache, cache: PagedCache):
+    """The cache as num_slots pages of one row each (views: its pages are back to back); mxfp4's scales alike."""
+    num_slots = cache.num_pages * cache.page_size
+    pages = tuple(t.reshape(num_slots, 1, t.shape[-1]) for t in cache.pages)
+    if cache.fp8_scale is not None:
+        return pages[0], cache.fp8_scale
+    return pages[0] if len(pages) == 1 else pages
 
 
 def check_sparse_inputs(q, kv_cache, kv_format, indices, topk_length=None, attn_sink=None, out=None) -> PagedCache:
@@ -127,33 +188,60 @@ def check_index_contents(indices, topk_length, cache: PagedCache) -> None:
         raise ValueError(f"topk_length must lie within 0 .. topk = {topk}, got {shortest} .. {longest}")
 
 
-def plan_sparse(*, num_heads, topk, kv_format, device, return_lse=False, backend=None,
+def plan_sparse(*, total_q, num_heads, topk, kv_format, device, return_lse=False, strided_pages=False, backend=None,
                 strict=False) -> SparseDecodePlan:
-    """Plan a sparse decode of `num_heads` heads over `topk` entries per query row of a `kv_format` cache on
-    `device`: the first backend with a sparse entry point (run_sparse) that serves it, the arch's compiled ones
-    before torch. backend forces one (an error when it cannot serve); strict turns a fallback into an error."""
+    """Plan a sparse decode of `total_q` query rows of `num_heads` heads, `topk` entries each, over a `kv_format`
+    cache on `device` (FlashMLA's schedule is fixed by the same: b x s_q, heads, topk).
+
+    The arch's compiled backends are tried first, then torch: a backend's own run_sparse, else the gather route
+    through its run_paged (the module docstring), which needs the LSE (SPEC.lse) and a cache whose pages are back
+    to back: strided_pages=True leaves that route out. backend forces one (an error when it cannot serve); a
+    planned one that cannot is reported as api.py reports a fallback (a warning, or under strict an error)."""
     device = indexed_device(device)
     check_kv_format(kv_format)
-    if num_heads not in SUPPORTED_NUM_HEADS or topk < 1:
-        raise ValueError(f"plan_sparse needs num_heads in {SUPPORTED_NUM_HEADS} and topk >= 1; got {num_heads}, "
-                         f"{topk}")
+    if num_heads not in SUPPORTED_NUM_HEADS or topk < 1 or total_q < 0:
+        raise ValueError(f"plan_sparse needs num_heads in {SUPPORTED_NUM_HEADS}, topk >= 1 and total_q >= 0; got "
+                         f"{num_heads}, {topk}, {total_q}")
     forced = backend or forced_backend()
     names = (forced,) if forced is not None else backends.native_backends(device_arch(device)) + (backends.FALLBACK,)
     reasons = []
     for name in names:
-        reason = backends.unavailable_reason(name, str(device))
-        if reason is None and not hasattr(backends.module(name), "run_sparse"):
-            reason = f"backend {name!r} has no sparse entry point"
-        if reason is None and not backends.supports(name, kv_format, num_heads):
-            reason = f"backend {name!r} does not support kv_format {kv_format} with {num_heads} heads"
-        if reason is None and return_lse and not backends.spec(name).lse:
-            reason = api.LSE_REASON
-        if reason is None:
-            return SparseDecodePlan(name, backends.module(name), kv_format, device, num_heads, topk, return_lse)
-        reasons.append(reason)
-        if forced is None and name != backends.FALLBACK and hasattr(backends.module(name), "run_sparse"):
+        planned, reason = _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages)
+        if planned is not None:
+            return planned
+        reasons.append(f"{name}: {reason}")
+        if forced is None and name != backends.FALLBACK:
             api.report_fallback(name, reason, strict)
     raise RuntimeError(f"no backend can run this sparse decode on {device}: {'; '.join(reasons)}")
+
+
+def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages):
+    """(SparseDecodePlan, None) on backend `name`, or (None, why it cannot serve)."""
+    reason = backends.unavailable_reason(name, str(device))
+    if reason is None and not backends.supports(name, kv_format, num_heads):
+        reason = f"backend {name!r} does not support kv_format {kv_format} with {num_heads} heads"
+    if reason is not None:
+        return None, reason
+    module = backends.module(name)
+    if hasattr(module, "run_sparse"):
+        if return_lse and not backends.spec(name).lse:
+            return None, api.LSE_REASON
+        return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse), None
+    if not hasattr(module, "run_paged") or not backends.spec(name).lse:
+        return None, f"backend {name!r} has neither a sparse entry point nor a paged one that writes the LSE"
+    if strided_pages:
+        return None, "its gather route reads pages back to back (the plan asks for strided_pages)"
+    if total_q == 0:
+        return None, "its gather route needs at least one query row"
+    table = torch.zeros(total_q, topk, dtype=INDPTR_DTYPE, device=device)   # shapes only: contents come per run
+    rows = torch.arange(total_q + 1, dtype=INDPTR_DTYPE, device=device)
+    try:
+        paged_plan = plan_paged(rows, table, table[:, 0], num_heads=num_heads, kv_format=kv_format, page_size=1,
+                                max_q_len=1, max_kv_len=topk, device=device, backend=name, return_lse=True,
+                                strict=True)
+    except RuntimeError as error:
+        return None, str(error)
+    return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse, paged_plan), None
 
 
 def decode_sparse(q, kv_cache, indices, *, kv_format, sm_scale, topk_length=None, attn_sink=None, out=None,
@@ -163,7 +251,8 @@ def decode_sparse(q, kv_cache, indices, *, kv_format, sm_scale, topk_length=None
     decode many steps (or under torch.compile), call plan_sparse() once and .run() per step."""
     cache = check_sparse_inputs(q, kv_cache, kv_format, indices, topk_length, attn_sink, out)
     check_index_contents(indices, topk_length, cache)
-    planned = plan_sparse(num_heads=q.shape[1], topk=indices.shape[1], kv_format=kv_format, device=q.device,
-                          return_lse=return_lse, backend=backend, strict=strict)
+    planned = plan_sparse(total_q=q.shape[0], num_heads=q.shape[1], topk=indices.shape[1], kv_format=kv_format,
+                          device=q.device, return_lse=return_lse, strided_pages=not cache.pages_back_to_back,
+                          backend=backend, strict=strict)
     return planned.run(q, kv_cache, indices, sm_scale=sm_scale, topk_length=topk_length, attn_sink=attn_sink,
                        out=out)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import mixed_mla
-from mixed_mla import exact, exact_sparse, formats, sparse
+from mixed_mla import backends, exact, exact_sparse, formats, sparse
 from mixed_mla.constants import DS_MLA_FORMAT, QK_HEAD_DIM, SERVED_KV_FORMATS
 
 PAGE_SIZES = (1, 2, 61, 64)
@@ -109,17 +109,28 @@ def errors(out, lse, ref):
     return exact.relative_l2(out, ref[0]), exact.lse_error(lse, ref[1])
 
 
-def passes(out, lse, ref, kv_format) -> bool:
+def passes(out, lse, ref, kv_format, path="torch") -> bool:
     out_error, lse_error = errors(out, lse, ref)
-    return out_error <= exact.STRICT_BOUND[(kv_format, "torch")] and lse_error <= exact.LSE_BOUND["torch"]
+    return out_error <= exact.STRICT_BOUND[(kv_format, path)] and lse_error <= exact.LSE_BOUND[path]
+
+
+@pytest.fixture(params=["run_sparse", "gather"])
+def route(request, monkeypatch):
+    """Which of sparse.py's two routes serves: the backend's own run_sparse, or the gather route through its
+    run_paged (what a compiled backend gets; here torch's run_paged stands in, its run_sparse hidden)."""
+    if request.param == "gather":
+        monkeypatch.delattr(backends.module("torch"), "run_sparse")
+    return request.param
 
 
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
 @pytest.mark.parametrize("kv_format", SERVED_KV_FORMATS)
-def test_sparse_decode_is_exact_attention_over_the_chosen_slots(kv_format, page_size):
+def test_sparse_decode_is_exact_attention_over_the_chosen_slots(kv_format, page_size, route):
     case = make_case(kv_format, page_size)
     ref = reference(case)
     out, lse = run(case)
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format=kv_format, device="cpu")
+    assert (planned.through_paged is None) == (route == "run_sparse")
     assert passes(out, lse, ref, kv_format), errors(out, lse, ref)
     # rows 2 (topk_length 0) and 3 (no valid entry): zeros and -inf; head 0's sink (+inf) zeros every row
     assert not out[2:4].any() and torch.isneginf(lse[2:4]).all() and not out[:, 0].any()
@@ -127,7 +138,7 @@ def test_sparse_decode_is_exact_attention_over_the_chosen_slots(kv_format, page_
 
 
 @pytest.mark.parametrize("kv_format", ("bf16", DS_MLA_FORMAT))
-def test_the_mutation_controls_fail_the_check(kv_format):
+def test_the_mutation_controls_fail_the_check(kv_format, route):
     """Each is what a path with that bug would compute; the strict check must refuse every one."""
     case = make_case(kv_format, page_size=61, seed=1)
     ref = reference(case)
@@ -154,7 +165,7 @@ def test_the_mutation_controls_fail_the_check(kv_format):
 
 
 @pytest.mark.parametrize("num_heads", (4, 8, 32, 64, 128))
-def test_every_head_count(num_heads):
+def test_every_head_count(num_heads, route):
     case = make_case(DS_MLA_FORMAT, page_size=64, num_heads=num_heads, seed=2)
     assert passes(*run(case), reference(case), DS_MLA_FORMAT)
 
@@ -169,6 +180,25 @@ def test_strided_pages_are_read_in_place():
     assert passes(*run(strided), reference(case), DS_MLA_FORMAT)
 
 
+def test_the_gather_route_compacts_each_rows_usable_slots_in_order():
+    indices = torch.tensor([[5, -1, 5, 9, 2], [-1, -1, 7, 1, 3], [4, 4, 4, 4, 4]], dtype=torch.int32)
+    table, lengths = sparse.compacted_slots(indices, torch.tensor([5, 4, 0], dtype=torch.int32), num_slots=9)
+    assert lengths.tolist() == [3, 2, 0] and table.dtype == torch.int32
+    assert table[0, :3].tolist() == [5, 5, 2] and table[1, :2].tolist() == [7, 1]
+
+
+def test_the_gather_route_refuses_strided_pages(monkeypatch):
+    monkeypatch.delattr(backends.module("torch"), "run_sparse")
+    case = make_case("bf16", page_size=2, seed=13)
+    storage = torch.full((case.cache.shape[0], 3, QK_HEAD_DIM), math.nan, dtype=torch.bfloat16)
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="bf16", device="cpu")
+    with pytest.raises(ValueError, match="plan with strided_pages=True"):
+        planned.run(case.q, storage[:, :2], case.indices, sm_scale=SM_SCALE)
+    with pytest.raises(RuntimeError, match="reads pages back to back"):
+        mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="bf16", device="cpu",
+                              strided_pages=True)
+
+
 def test_unchecked_bad_contents_are_skipped_or_clamped_in_bounds():
     """run() without validate reads no contents on the host: entries below -1 are skipped like -1, topk_length
     outside 0 .. topk is clamped; nothing is read out of bounds (the NaN slots would show)."""
@@ -176,7 +206,8 @@ def test_unchecked_bad_contents_are_skipped_or_clamped_in_bounds():
     bad = replace(case, indices=case.indices.clone(), topk_length=torch.tensor([99, 9, -3, 24, 24, 24],
                                                                                   dtype=torch.int32))
     bad.indices[0, [0, 4]] = torch.tensor([-7, -2 ** 31], dtype=torch.int32)
-    planned = mixed_mla.plan_sparse(num_heads=16, topk=TOPK, kv_format="bf16", device="cpu", return_lse=True)
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="bf16", device="cpu",
+                                     return_lse=True)
     out, lse = planned.run(bad.q, bad.cache, bad.indices, sm_scale=SM_SCALE, topk_length=bad.topk_length,
                            attn_sink=bad.attn_sink)
     as_meant = replace(bad, indices=bad.indices.clamp(min=-1), topk_length=bad.topk_length.clamp(0, TOPK))
@@ -185,7 +216,8 @@ def test_unchecked_bad_contents_are_skipped_or_clamped_in_bounds():
 
 def test_a_plan_serves_new_data_and_matches_decode_sparse():
     first, second = make_case("fp8", page_size=64, seed=5), make_case("fp8", page_size=64, seed=6)
-    planned = mixed_mla.plan_sparse(num_heads=16, topk=TOPK, kv_format="fp8", device="cpu", return_lse=True)
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="fp8", device="cpu",
+                                    return_lse=True)
     assert planned.backend_name == "torch"
     for case in (first, second):
         out, lse = planned.run(case.q, case.cache, case.indices, sm_scale=SM_SCALE, topk_length=case.topk_length,
@@ -226,19 +258,19 @@ def test_bad_input_is_a_clear_error(index):
 
 def test_a_plan_refuses_what_it_was_not_made_for():
     case = make_case("bf16", page_size=1, seed=8)
-    planned = mixed_mla.plan_sparse(num_heads=16, topk=TOPK + 1, kv_format="bf16", device="cpu")
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK + 1, kv_format="bf16", device="cpu")
     with pytest.raises(ValueError, match="plan again"):
         planned.run(case.q, case.cache, case.indices, sm_scale=SM_SCALE)
     with pytest.raises(ValueError, match="lse= was given"):
         planned.run(case.q, case.cache, case.indices, sm_scale=SM_SCALE, lse=torch.empty(6, 16))
     with pytest.raises(ValueError, match="num_heads in"):
-        mixed_mla.plan_sparse(num_heads=12, topk=TOPK, kv_format="bf16", device="cpu")
+        mixed_mla.plan_sparse(total_q=6, num_heads=12, topk=TOPK, kv_format="bf16", device="cpu")
 
 
 @pytest.mark.parametrize("with_options", [False, True])
 def test_opcheck_decode_sparse(with_options):
     case = make_case(DS_MLA_FORMAT, page_size=2, seed=9)
-    planned = mixed_mla.plan_sparse(num_heads=16, topk=TOPK, kv_format=DS_MLA_FORMAT, device="cpu",
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format=DS_MLA_FORMAT, device="cpu",
                                     return_lse=with_options)
     out = torch.empty(6, 16, 512, dtype=torch.bfloat16)
     lse = torch.empty(6, 16) if with_options else None
@@ -249,7 +281,8 @@ def test_opcheck_decode_sparse(with_options):
 
 def test_a_compiled_sparse_step_has_one_graph_and_serves_new_data():
     """fullgraph=True fails on any graph break; the plan is made outside the compiled region."""
-    planned = mixed_mla.plan_sparse(num_heads=16, topk=TOPK, kv_format="mxfp4", device="cpu", return_lse=True)
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="mxfp4", device="cpu",
+                                    return_lse=True)
 
     @torch.compile(fullgraph=True, backend="eager")
     def step(q, packed, scales, indices, topk_length, attn_sink):
@@ -287,3 +320,59 @@ def test_the_flashmla_layout_maps_onto_rows():
                              topk_length=per_batch[batch:batch + 1])
             assert torch.equal(run(single)[0][0], flash_out[batch, s])
             assert torch.equal(run(single)[1][0], flash_lse[batch, :, s])
+
+
+def _on(case: SparseCase, device) -> SparseCase:
+    move = lambda t: t.to(device)  # noqa: E731
+    cache = tuple(map(move, case.cache)) if isinstance(case.cache, tuple) else move(case.cache)
+    return replace(case, q=move(case.q), cache=cache, indices=move(case.indices),
+                   topk_length=move(case.topk_length), attn_sink=move(case.attn_sink))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (the cuda_sm90 gather route)")
+@pytest.mark.parametrize("num_heads", (4, 16, 128))
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+@pytest.mark.parametrize("kv_format", ("bf16", "fp8", "mxfp4"))
+def test_the_sm90_gather_route_is_exact_attention_over_the_chosen_slots(kv_format, page_size, num_heads):
+    """The compiled paged kernels fed the compacted slots (strict: no fallback), under cuda_sm90's bounds."""
+    case = _on(make_case(kv_format, page_size, num_heads=num_heads, seed=20), "cuda")
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=num_heads, topk=TOPK, kv_format=kv_format, device="cuda",
+                                    return_lse=True, strict=True)
+    assert planned.backend_name == "cuda_sm90" and planned.through_paged is not None
+    out, lse = planned.run(case.q, case.cache, case.indices, sm_scale=SM_SCALE, topk_length=case.topk_length,
+                           attn_sink=case.attn_sink, validate=True)
+    ref = reference(case)
+    assert passes(out, lse, ref, kv_format, "cuda_sm90"), errors(out, lse, ref)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_fp8_ds_mla_is_served_by_torch_on_the_gpu():
+    case = _on(make_case(DS_MLA_FORMAT, 64, seed=21), "cuda")
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format=DS_MLA_FORMAT, device="cuda")
+    assert planned.backend_name == "torch"
+    assert passes(*run(case), reference(case), DS_MLA_FORMAT)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA graph capture)")
+def test_a_compiled_sparse_step_replays_in_a_cuda_graph_with_new_indices():
+    first, second = (_on(make_case("fp8", 64, seed=seed), "cuda") for seed in (22, 23))
+    second = replace(second, cache=first.cache)   # one cache (its scale too), new queries, indices and lengths
+    planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="fp8", device="cuda",
+                                    return_lse=True, strict=True)
+    static = [t.clone() for t in (first.q, first.indices, first.topk_length, first.attn_sink)]
+    out = torch.empty(6, 16, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(6, 16, device="cuda")
+    step = torch.compile(lambda q, i, n, s: planned.run(q, first.cache, i, sm_scale=SM_SCALE, topk_length=n,
+                                                        attn_sink=s, out=out, lse=lse), fullgraph=True)
+    step(*static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(*static)
+    for case in (first, second):
+        for target, source in zip(static, (case.q, case.indices, case.topk_length, case.attn_sink)):
+            target.copy_(source)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = reference(case)
+        assert passes(out, lse, ref, "fp8", "cuda_sm90"), errors(out, lse, ref)

@@ -15,6 +15,7 @@ import torch
 from . import BackendSpec
 from ..constants import DS_MLA_FORMAT, QK_HEAD_DIM, SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..formats import as_uint8, dequantize, mxfp4_scale_shape
+from ..sparse import sink_factor, usable_entries
 from ..validate import check_indptr_contents, indptr_to_host
 
 # Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
@@ -195,28 +196,23 @@ def run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_
     topk = indices.shape[1]
     per_row = topk * (QK_HEAD_DIM + 2 * num_heads) + num_heads * (QK_HEAD_DIM + V_HEAD_DIM)
     step = max(1, _CHUNK_FLOATS // per_row)
-    entry = torch.arange(topk, device=q.device)
+    used = usable_entries(indices, topk_length, num_slots)
     for first in range(0, total_q, step):
         last = min(total_q, first + step)
-        slots = indices[first:last].to(torch.int64)
-        used = (slots >= 0) & (slots < num_slots)
-        if topk_length is not None:
-            used &= entry < topk_length[first:last, None]
-        safe = torch.where(used, slots, 0).flatten()
+        chunk_used = used[first:last]
+        safe = torch.where(chunk_used, indices[first:last].to(torch.int64), 0).flatten()
         keys = dequantize(_gather_rows(kv_cache, kv_format, safe // page_size, safe % page_size), kv_format)
         # an unused entry gathered slot 0, which may hold anything (NaN): its key must not reach P.V
-        keys = keys.view(last - first, topk, QK_HEAD_DIM).masked_fill_(~used[:, :, None], 0.0)
+        keys = keys.view(last - first, topk, QK_HEAD_DIM).masked_fill_(~chunk_used[:, :, None], 0.0)
         scores = torch.bmm(q[first:last].to(torch.float32), keys.transpose(1, 2)).mul_(sm_scale)   # (R, H, topk)
-        scores.masked_fill_(~used[:, None, :], float("-inf"))
+        scores.masked_fill_(~chunk_used[:, None, :], float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)
         probs = scores.sub_(row_max).exp_()
         denominator = probs.sum(dim=-1, keepdim=True)   # >= 1 when the row uses any entry, else exactly 0
         row_lse = (row_max + denominator.log()).squeeze(-1)   # natural log; -inf for a row that uses none
         values = torch.bmm(probs, keys[:, :, :V_HEAD_DIM]).div_(denominator.clamp_min_(1.0))
         if attn_sink is not None:
-            # exp(lse) / (exp(lse) + exp(sink)) = sigmoid(lse - sink); a row that uses none stays zero
-            kept = torch.sigmoid(row_lse - attn_sink).masked_fill_(torch.isneginf(row_lse), 0.0)
-            values.mul_(kept.unsqueeze(-1))
+            values.mul_(sink_factor(row_lse, attn_sink).unsqueeze(-1))
         out[first:last] = values.to(out.dtype)
         if lse is not None:
             lse[first:last] = row_lse
