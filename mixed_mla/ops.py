@@ -1,6 +1,6 @@
 """The torch.library ops: `mixed_mla::decode`, `mixed_mla::decode_paged` and `mixed_mla::decode_sparse`, what
-DecodePlan.run, PagedDecodePlan.run and SparseDecodePlan.run call, so that torch.compile sees one opaque call (no graph break, no data-dependent guard) and
-a serving engine can call the op as it calls its other attention ops.
+DecodePlan.run, PagedDecodePlan.run and SparseDecodePlan.run call, so that torch.compile sees one opaque call (no
+graph break, no data-dependent guard) and a serving engine can call the op as it calls its other attention ops.
 
     torch.ops.mixed_mla.decode(q, kv, kv_aux, qo_indptr, kv_indptr, out, lse, plan_id, sm_scale) -> ()
     torch.ops.mixed_mla.decode_paged(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse, plan_id,

@@ -206,29 +206,39 @@ def plan_sparse(*, total_q, num_heads, topk, kv_format, device, return_lse=False
     names = (forced,) if forced is not None else backends.native_backends(device_arch(device)) + (backends.FALLBACK,)
     reasons = []
     for name in names:
-        planned, reason = _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages)
-        if planned is not None:
-            return planned
+        reason = backends.unavailable_reason(name, str(device))
+        if reason is None:
+            reason = _declined(name, kv_format, num_heads, return_lse)
+            if reason is not None:   # by its declaration, as the planner passes over a backend lacking a format
+                reasons.append(f"{name}: {reason}")
+                continue
+            planned, reason = _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages)
+            if planned is not None:
+                return planned
         reasons.append(f"{name}: {reason}")
         if forced is None and name != backends.FALLBACK:
             api.report_fallback(name, reason, strict)
     raise RuntimeError(f"no backend can run this sparse decode on {device}: {'; '.join(reasons)}")
 
 
+def _declined(name, kv_format, num_heads, return_lse):
+    """Why backend `name` (available) is no candidate by what it declares, or None: the format and heads (SPEC),
+    an entry point for one of the routes, the LSE when asked for."""
+    module, declared = backends.module(name), backends.spec(name)
+    if not backends.supports(name, kv_format, num_heads):
+        return f"it does not support kv_format {kv_format} with {num_heads} heads"
+    if not hasattr(module, "run_sparse") and not (hasattr(module, "run_paged") and declared.lse):
+        return "it has neither a sparse entry point nor a paged one that writes the LSE (the gather route)"
+    if hasattr(module, "run_sparse") and return_lse and not declared.lse:
+        return api.LSE_REASON
+    return None
+
+
 def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages):
-    """(SparseDecodePlan, None) on backend `name`, or (None, why it cannot serve)."""
-    reason = backends.unavailable_reason(name, str(device))
-    if reason is None and not backends.supports(name, kv_format, num_heads):
-        reason = f"backend {name!r} does not support kv_format {kv_format} with {num_heads} heads"
-    if reason is not None:
-        return None, reason
+    """(SparseDecodePlan, None) on backend `name` (a candidate), or (None, why it cannot serve this one)."""
     module = backends.module(name)
     if hasattr(module, "run_sparse"):
-        if return_lse and not backends.spec(name).lse:
-            return None, api.LSE_REASON
         return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse), None
-    if not hasattr(module, "run_paged") or not backends.spec(name).lse:
-        return None, f"backend {name!r} has neither a sparse entry point nor a paged one that writes the LSE"
     if strided_pages:
         return None, "its gather route reads pages back to back (the plan asks for strided_pages)"
     if total_q == 0:

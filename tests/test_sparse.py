@@ -214,6 +214,12 @@ def test_unchecked_bad_contents_are_skipped_or_clamped_in_bounds():
     assert passes(out, lse, reference(as_meant), "bf16")
 
 
+def test_no_query_rows_is_an_empty_output():
+    case = make_case("bf16", page_size=2, seed=14)
+    out, lse = run(replace(case, q=case.q[:0], indices=case.indices[:0], topk_length=case.topk_length[:0]))
+    assert out.shape == (0, 16, 512) and lse.shape == (0, 16)
+
+
 def test_a_plan_serves_new_data_and_matches_decode_sparse():
     first, second = make_case("fp8", page_size=64, seed=5), make_case("fp8", page_size=64, seed=6)
     planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="fp8", device="cpu",
