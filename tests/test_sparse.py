@@ -274,7 +274,7 @@ def test_a_plan_refuses_what_it_was_not_made_for():
 
 
 @pytest.mark.parametrize("with_options", [False, True])
-def test_opcheck_decode_sparse(with_options):
+def test_opcheck_decode_sparse(with_options, route):
     case = make_case(DS_MLA_FORMAT, page_size=2, seed=9)
     planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format=DS_MLA_FORMAT, device="cpu",
                                     return_lse=with_options)
@@ -285,7 +285,7 @@ def test_opcheck_decode_sparse(with_options):
                                                                lse, planned.op_id, SM_SCALE))
 
 
-def test_a_compiled_sparse_step_has_one_graph_and_serves_new_data():
+def test_a_compiled_sparse_step_has_one_graph_and_serves_new_data(route):
     """fullgraph=True fails on any graph break; the plan is made outside the compiled region."""
     planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format="mxfp4", device="cpu",
                                     return_lse=True)
