@@ -58,13 +58,10 @@ class SparseDecodePlan:
     # backend's run_sparse.
     through_paged: Optional[PagedDecodePlan] = field(default=None, repr=False)
     # the gather route's qo_indptr, 0 .. total_q (query row i is sequence i); None on the other route
-    row_indptr: Optional[torch.Tensor] = field(init=False, repr=False, compare=False)
+    row_indptr: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
     op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode_sparse` calls it by
 
     def __post_init__(self):
-        rows = None if self.through_paged is None else torch.arange(
-            self.total_q + 1, dtype=INDPTR_DTYPE, device=self.device)
-        object.__setattr__(self, "row_indptr", rows)
         object.__setattr__(self, "op_id", ops.register(self))
 
     def run(self, q, kv_cache, indices, *, sm_scale, topk_length=None, attn_sink=None, out=None, lse=None,
@@ -97,7 +94,8 @@ class SparseDecodePlan:
         return cache
 
     def checked_launch(self, q, kv_cache, indices, topk_length, attn_sink, out, lse, sm_scale) -> None:
-        """The op's body: every host check, then the backend's run_sparse."""
+        """The op's body: every host check, then the route: the backend's run_sparse, or the compaction, its paged
+        decode and the sink."""
         cache = self.check(q, kv_cache, indices, topk_length, attn_sink, out)
         api.check_lse(lse, q, self.return_lse)
         if self.through_paged is None:
@@ -176,10 +174,10 @@ def check_sparse_inputs(q, kv_cache, kv_format, indices, topk_length=None, attn_
 def check_index_contents(indices, topk_length, cache: PagedCache) -> None:
     """The contents' rules (one device->host copy): entries >= -1 (-1 and slots past the cache are skipped by
     definition; nothing else below 0 means anything), topk_length within 0 .. topk."""
-    topk = indices.shape[1]
-    least = indices.min() if indices.numel() else torch.zeros((), dtype=INDPTR_DTYPE)
-    lengths = topk_length if topk_length is not None and topk_length.numel() else torch.zeros(1, dtype=INDPTR_DTYPE)
-    least_index, shortest, longest = torch.stack((least.cpu(), lengths.min().cpu(), lengths.max().cpu())).tolist()
+    topk, device = indices.shape[1], indices.device
+    least = indices.min() if indices.numel() else torch.zeros((), dtype=INDPTR_DTYPE, device=device)
+    lengths = topk_length if topk_length is not None and topk_length.numel() else least.new_zeros(1)
+    least_index, shortest, longest = torch.stack((least, lengths.min(), lengths.max())).tolist()
     if least_index < INVALID_INDEX:
         row = int((indices < INVALID_INDEX).any(dim=1).nonzero()[0, 0])
         raise ValueError(f"indices[{row}] holds {least_index}: an entry is a cache slot (0 .. "
@@ -251,7 +249,8 @@ def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, stri
                                 strict=True)
     except RuntimeError as error:
         return None, str(error)
-    return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse, paged_plan), None
+    return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse, paged_plan,
+                            rows), None
 
 
 def decode_sparse(q, kv_cache, indices, *, kv_format, sm_scale, topk_length=None, attn_sink=None, out=None,
