@@ -134,6 +134,8 @@ def test_the_dense_paths_read_it_under_the_strict_bound():
     assert exact.strict_verdict(paged_out, ref, DS_MLA_FORMAT, "torch")[0]
     for arch in ("sm90", "gfx950", "cpu"):
         assert planner.plan_for(arch, 2, 3, 180, 16, DS_MLA_FORMAT).backend == "torch"
+    with pytest.raises(ValueError, match="backend 'cuda_sm90' cannot read kv_format 'fp8_ds_mla'"):
+        planner.plan_for("sm90", 2, 3, 180, 16, DS_MLA_FORMAT, backend="cuda_sm90")
 
 
 def test_a_dequantiser_with_the_scales_on_the_wrong_tiles_fails_the_strict_check(monkeypatch):
