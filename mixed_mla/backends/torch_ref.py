@@ -8,7 +8,8 @@ Batches are processed in chunks of consecutive segments (their KV rows are one c
 A chunk whose segments all have the same lengths is a view: two batched matmuls, no gather. A chunk with variable
 lengths is gathered into the same padded shape and masked. Unlike the compiled backends this one reads the indptr
 contents on the host (one device->host copy on a GPU): its tensor shapes depend on them. It is the reference
-and fallback path, not the fast one.
+and fallback path, not the fast one. The sparse form (run_sparse) gathers each chunk of query rows' slots instead,
+and reads nothing on the host.
 """
 import torch
 
@@ -52,13 +53,13 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
                       q_lens[first:last], kv_lens[first:last])
 
 
+_ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)
+
+
 def _rows_tensor(kv_cache, kv_format):
     """The cache tensor whose leading dims index its rows: the cache itself for the one-tensor formats (bf16,
     fp8_ds_mla), else its data / codes."""
     return kv_cache if kv_format in _ONE_TENSOR_FORMATS else kv_cache[0]
-
-
-_ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)
 
 
 def _dequantize_rows(kv_cache, kv_format, start, stop):
