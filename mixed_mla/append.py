@@ -6,7 +6,7 @@ The write half of the paged API (paged.py reads): an engine's step quantises eac
 (SKIP_SLOT, vLLM's padding) writes nothing. Every format is encoded row by row by the encoders of formats.py, so a
 row appended lands as the same bytes the whole-cache quantisers give it: bf16 as is; fp8 with the cache's own static
 scale (the caller's, never recomputed); MXFP4 with its per-32 e8m0 scales (the 18 scale columns of the row; the
-padding columns 18-23 are left as they were).
+padding columns 18-23 are left as they were); fp8_ds_mla as vLLM's writer rounds it (formats.encode_ds_mla_rows).
 
 This is the torch path on every device (vectorised indexing, no Python loop over rows, no kernel of its own): the
 CPU, the H200 and gfx950 alike run it.
@@ -20,8 +20,8 @@ Bad slots (below -1, past the cache, or one slot twice) and a non-positive or no
 """
 import torch
 
-from .constants import MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
-from .formats import as_uint8, encode_fp8, encode_mxfp4_rows
+from .constants import DS_MLA_FORMAT, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
+from .formats import as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
 from .paged import paged_cache_of
 from .validate import check_kv_format, check_tensor, indexed_device
 
@@ -128,6 +128,8 @@ def _encoded(rows, kv_format, scale):
         return [rows]
     if kv_format == "fp8":
         return [encode_fp8(rows, scale).view(torch.uint8)]
+    if kv_format == DS_MLA_FORMAT:   # vLLM's rounding (formats.DS_MLA_SCALE_RULES "amax"): the engine that writes it
+        return [encode_ds_mla_rows(rows)]
     return list(encode_mxfp4_rows(rows))
 
 

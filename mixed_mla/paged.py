@@ -1,7 +1,7 @@
 """Paged KV: `decode_paged`, or `plan_paged` once per batch layout and `PagedDecodePlan.run` per step.
 
-The cache is (num_pages, page_size, ...) in any of the three formats and each sequence reads its pages through a
-row of the block table, as vLLM, SGLang, FlashInfer and FlashMLA hold it:
+The cache is (num_pages, page_size, ...) in any format (fp8_ds_mla: one (num_pages, page_size, 656) tensor) and each
+sequence reads its pages through a row of the block table, as vLLM, SGLang, FlashInfer and FlashMLA hold it:
 
     qo_indptr   (batch + 1,) int32   query rows of each sequence (the causal MTP rule of the contiguous API)
     block_table (batch, max_pages) int32   page ids in order; entries past a sequence's last page are never read
@@ -25,11 +25,11 @@ from typing import Optional
 import torch
 
 from . import api, backends, ops
-from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
-                        V_HEAD_DIM)
+from .constants import (DEFAULT_SM_SCALE, DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS,
+                        QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import (E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale, check_kv_format,
-                       check_placement, indexed_device, normalized_cache, raise_device_errors)
+from .validate import (DS_MLA_DTYPES, E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale,
+                       check_kv_format, check_placement, indexed_device, normalized_cache, raise_device_errors)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
@@ -55,6 +55,10 @@ def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
     if kv_format == "bf16":
         back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device, anchor)
         return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
+    if kv_format == DS_MLA_FORMAT:
+        back_to_back = _check_pages("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_DTYPES, DS_MLA_ROW_BYTES, device,
+                                    anchor)
+        return PagedCache(DS_MLA_FORMAT, kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
     parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
     if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
         raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")

@@ -17,8 +17,8 @@ import operator
 
 import torch
 
-from .constants import (KV_FORMATS, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
-                        V_HEAD_DIM)
+from .constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM,
+                        SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
 from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE, mxfp4_scale_shape
 
 INDPTR_DTYPE = torch.int32
@@ -30,12 +30,13 @@ _error_flags = {}   # torch.device -> its flag tensor: one per device this proce
 PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 FP8_DATA_DTYPES = (FP8_DTYPE, torch.uint8)   # e4m3fn, or its bytes as serving engines often hold them
+DS_MLA_DTYPES = (torch.uint8, FP8_DTYPE)     # vLLM holds fp8_ds_mla rows as uint8, FlashMLA views them as e4m3fn
 FP8_SCALE_SHAPES = ((), (1,))               # one float32 per tensor: 0-dim (vLLM's k_scale) or (1,)
 
 
 def check_kv_format(kv_format: str) -> None:
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(KV_FORMATS)}")
+    if kv_format not in SERVED_KV_FORMATS:
+        raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(SERVED_KV_FORMATS)}")
 
 
 def check_fp8_scale(scale, device, anchor: str = "q") -> None:
@@ -109,6 +110,10 @@ def check_kv_cache(kv_cache, kv_format: str, device: torch.device) -> int:
         check_tensor("kv_cache (bf16)", kv_cache, (torch.bfloat16,), device)
         _check_kv_rows("kv_cache (bf16)", kv_cache, QK_HEAD_DIM)
         return kv_cache.shape[0]
+    if kv_format == DS_MLA_FORMAT:
+        check_tensor("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_DTYPES, device)
+        _check_kv_rows("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_ROW_BYTES)
+        return kv_cache.shape[0]
     if kv_format == "fp8":
         data, scale = _unpack_pair(kv_cache, kv_format, "data, scale")
         check_tensor("fp8 kv data", data, FP8_DATA_DTYPES, device)
@@ -156,7 +161,9 @@ def _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr):
         return None
     if kv_format == "bf16":
         return _rows_if_valid_rows(kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
-    if kv_format not in KV_FORMATS or not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
+    if kv_format == DS_MLA_FORMAT:
+        return _rows_if_valid_rows(kv_cache, DS_MLA_DTYPES, DS_MLA_ROW_BYTES, device)
+    if kv_format not in SERVED_KV_FORMATS or not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
         return None
     data, aux = kv_cache
     if not isinstance(aux, Tensor) or aux.device != device or not aux.is_contiguous():

@@ -8,17 +8,19 @@ Batches are processed in chunks of consecutive segments (their KV rows are one c
 A chunk whose segments all have the same lengths is a view: two batched matmuls, no gather. A chunk with variable
 lengths is gathered into the same padded shape and masked. Unlike the compiled backends this one reads the indptr
 contents on the host (one device->host copy on a GPU): its tensor shapes depend on them. It is the reference
-and fallback path, not the fast one.
+and fallback path, not the fast one. The sparse form (run_sparse) gathers each chunk of query rows' slots instead,
+and reads nothing on the host.
 """
 import torch
 
 from . import BackendSpec
-from ..constants import KV_FORMATS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from ..constants import DS_MLA_FORMAT, QK_HEAD_DIM, SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..formats import as_uint8, dequantize, mxfp4_scale_shape
+from ..sparse import sink_factor, usable_entries
 from ..validate import check_indptr_contents, indptr_to_host
 
 # Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
-SPEC = BackendSpec(name="torch", formats=KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
+SPEC = BackendSpec(name="torch", formats=SERVED_KV_FORMATS, num_heads=SUPPORTED_NUM_HEADS, fastest_format="bf16",
                    splits_kv=False, lse=True, strided_pages=True)
 
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
@@ -35,7 +37,7 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     when given; `plan`, `max_q_len` and `workspace` do not matter here. The indptr contents are read on the host
     anyway, so bad ones raise here (validate.check_indptr_contents)."""
     qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
-    kv_rows = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[0]
+    kv_rows = _rows_tensor(kv_cache, kv_format).shape[0]
     check_indptr_contents(qo, kvp, q.shape[0], kv_rows)
     q_lens = torch.tensor(qo).diff()
     kv_lens = torch.tensor(kvp).diff()
@@ -51,9 +53,18 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
                       q_lens[first:last], kv_lens[first:last])
 
 
+_ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)
+
+
+def _rows_tensor(kv_cache, kv_format):
+    """The cache tensor whose leading dims index its rows: the cache itself for the one-tensor formats (bf16,
+    fp8_ds_mla), else its data / codes."""
+    return kv_cache if kv_format in _ONE_TENSOR_FORMATS else kv_cache[0]
+
+
 def _dequantize_rows(kv_cache, kv_format, start, stop):
     """float32 (stop - start, 576) of cache rows [start, stop)."""
-    if kv_format == "bf16":
+    if kv_format in _ONE_TENSOR_FORMATS:
         return dequantize(kv_cache[start:stop], kv_format)
     data, scale = kv_cache  # mxfp4: scale rows line up with data rows, so the same slice applies
     return dequantize((data[start:stop], scale if kv_format == "fp8" else scale[start:stop]), kv_format)
@@ -131,7 +142,7 @@ def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, pla
     not be back to back (any page stride): rows are indexed by (page, row), never through a flattened cache."""
     qo = qo_indptr.tolist()
     lengths = seq_lens.tolist()
-    page_size = (kv_cache if kv_format == "bf16" else kv_cache[0]).shape[1]
+    page_size = _rows_tensor(kv_cache, kv_format).shape[1]
     first = 0
     while first < len(lengths):
         last, rows = first, 0
@@ -164,6 +175,8 @@ def _gather_rows(kv_cache, kv_format, pages, offsets):
     1-byte formats are gathered as bytes: torch indexes few of their dtypes."""
     if kv_format == "bf16":
         return kv_cache[pages, offsets].unsqueeze(1)
+    if kv_format == DS_MLA_FORMAT:
+        return as_uint8(kv_cache)[pages, offsets].unsqueeze(1)
     data, aux = kv_cache
     data_rows = as_uint8(data)[pages, offsets].unsqueeze(1).view(data.dtype)
     if kv_format == "fp8":
@@ -171,3 +184,36 @@ def _gather_rows(kv_cache, kv_format, pages, offsets):
     scales = torch.zeros(mxfp4_scale_shape(pages.shape[0]), dtype=torch.uint8, device=aux.device)
     scales[:pages.shape[0]] = as_uint8(aux)[pages, offsets]
     return data_rows, scales.view(aux.dtype)
+
+
+def run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale, lse=None):
+    """Sparse top-k decode (mixed_mla/sparse.py states the rules): each query row attends the cache slots of its
+    indices row (duplicates twice, invalid entries and those past topk_length skipped), the sink scales the output
+    only. No host read of the contents: an unusable slot gathers slot 0 and is masked, so nothing reads out of
+    bounds. Rows are taken in chunks that keep the gathered keys and scores within _CHUNK_FLOATS."""
+    rows_tensor = _rows_tensor(kv_cache, kv_format)
+    num_slots, page_size = rows_tensor.shape[0] * rows_tensor.shape[1], rows_tensor.shape[1]
+    total_q, num_heads = q.shape[:2]
+    topk = indices.shape[1]
+    per_row = topk * (QK_HEAD_DIM + 2 * num_heads) + num_heads * (QK_HEAD_DIM + V_HEAD_DIM)
+    step = max(1, _CHUNK_FLOATS // per_row)
+    used = usable_entries(indices, topk_length, num_slots)
+    for first in range(0, total_q, step):
+        last = min(total_q, first + step)
+        chunk_used = used[first:last]
+        safe = torch.where(chunk_used, indices[first:last].to(torch.int64), 0).flatten()
+        keys = dequantize(_gather_rows(kv_cache, kv_format, safe // page_size, safe % page_size), kv_format)
+        # an unused entry gathered slot 0, which may hold anything (NaN): its key must not reach P.V
+        keys = keys.view(last - first, topk, QK_HEAD_DIM).masked_fill_(~chunk_used[:, :, None], 0.0)
+        scores = torch.bmm(q[first:last].to(torch.float32), keys.transpose(1, 2)).mul_(sm_scale)   # (R, H, topk)
+        scores.masked_fill_(~chunk_used[:, None, :], float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)
+        probs = scores.sub_(row_max).exp_()
+        denominator = probs.sum(dim=-1, keepdim=True)   # >= 1 when the row uses any entry, else exactly 0
+        row_lse = (row_max + denominator.log()).squeeze(-1)   # natural log; -inf for a row that uses none
+        values = torch.bmm(probs, keys[:, :, :V_HEAD_DIM]).div_(denominator.clamp_min_(1.0))
+        if attn_sink is not None:
+            values.mul_(sink_factor(row_lse, attn_sink).unsqueeze(-1))
+        out[first:last] = values.to(out.dtype)
+        if lse is not None:
+            lse[first:last] = row_lse
