@@ -276,3 +276,13 @@ def test_a_composition_changes_the_bytes_of_no_sequence():
     assert torch.equal(q[1:], q_alone) and torch.equal(cache[0][1:].view(torch.uint8),
                                                        cache_alone[0].view(torch.uint8))
     assert cache[1] is cache_alone[1] and dataclasses.is_dataclass(pool)
+
+
+def test_the_cost_benchmark_runs_and_checks_on_cpu(tmp_path):
+    """benchmarks/batch_invariance.py's CPU smoke run: both plans timed, the invariant output checked against exact
+    attention and alone against in its batch (no time is asserted)."""
+    from benchmarks import batch_invariance
+    assert batch_invariance.main(["--device", "cpu", "--backend", "torch", "--shapes", "3x300", "--reps", "1",
+                                  "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "fp8_torch.txt").read_text()
+    assert "3x300" in report and "geomean ratio" in report and "True /" in report
