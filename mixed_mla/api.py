@@ -159,7 +159,8 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
     """The bytes of a workspace buffer that serves every plan (contiguous or paged) on `device` with at most
     `max_total_q` query rows (batch x max_q_len) and `num_heads` heads, whichever backend, split count or merge the
     planner picks: what to allocate once, as torch.empty(n, dtype=torch.uint8, device=device), and pass to plan /
-    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none)."""
+    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none). A batch-invariant
+    plan may need more (every split of its longest row: its .workspace_bytes)."""
     if max_total_q < 1 or num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"workspace_bytes needs max_total_q >= 1 and num_heads in {SUPPORTED_NUM_HEADS}; got "
                          f"{max_total_q}, {num_heads}")

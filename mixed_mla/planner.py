@@ -72,8 +72,9 @@ class Plan:
     # Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52). hip_gfx950 names
     # its fused kernels as variants (fused_occN, opt-in) and leaves this False.
     fused: bool = False
-    # > 0: batch-invariant (batch_invariant_plan below): each row's KV is cut into splits of this many tokens,
-    # whatever the launch, so its reduction order depends on its own length alone. 0: num_splits equal shares.
+    # > 0: batch-invariant (batch_invariant_plan below): each row's KV is cut into splits of this many tokens
+    # (batch_invariant_share) whatever the launch, so its reduction order depends on its own length alone.
+    # 0: num_splits equal shares.
     split_tokens: int = 0
 
     @property

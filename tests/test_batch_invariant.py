@@ -7,7 +7,6 @@ path's strict bound against exact attention.
 Every composition is drawn from one pool of sequences whose cache is quantised once (fp8's per-tensor scale and the
 MXFP4 block scales are those of the pool), so only the company changes between runs, never a sequence's bytes.
 """
-import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -15,8 +14,10 @@ import torch
 
 from mixed_mla import api, backends, exact, paged, planner, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE, MAX_SPLITS, QK_HEAD_DIM
-from mixed_mla.formats import as_uint8, mxfp4_scale_shape, quantize_fp8, quantize_mxfp4
+from mixed_mla.formats import quantize_fp8, quantize_mxfp4
 from mixed_mla.planner import BATCH_INVARIANT_SPLIT_TOKENS, Plan
+
+from kernel_mutations import take_rows
 
 FORMATS = ("bf16", "fp8", "mxfp4")
 HEADS = 16
@@ -48,15 +49,7 @@ class Pool:
         kv_rows = torch.cat([torch.arange(self.kv_starts[m], self.kv_starts[m] + POOL[m][1]) for m in members])
         device = self.q.device
         q_rows, kv_rows = q_rows.to(device), kv_rows.to(device)
-        rows_of = lambda t: as_uint8(t)[kv_rows].view(t.dtype)   # noqa: E731  (torch indexes few 1-byte dtypes)
-        if self.kv_format == "bf16":
-            cache = self.cache[kv_rows]
-        elif self.kv_format == "fp8":
-            cache = (rows_of(self.cache[0]), self.cache[1])   # the pool's scale
-        else:
-            scales = torch.zeros(mxfp4_scale_shape(kv_rows.shape[0]), dtype=torch.uint8, device=device)
-            scales[:kv_rows.shape[0]] = as_uint8(self.cache[1])[kv_rows]
-            cache = (rows_of(self.cache[0]), scales.view(self.cache[1].dtype))
+        cache = take_rows(self.cache, self.kv_format, kv_rows)   # fp8: the pool's scale
         return self.q[q_rows], cache, _indptr([POOL[m][0] for m in members], device), \
             _indptr([POOL[m][1] for m in members], device)
 
@@ -275,7 +268,7 @@ def test_a_composition_changes_the_bytes_of_no_sequence():
     q, cache, qo, kvi = pool.contiguous((1, 0))
     assert torch.equal(q[1:], q_alone) and torch.equal(cache[0][1:].view(torch.uint8),
                                                        cache_alone[0].view(torch.uint8))
-    assert cache[1] is cache_alone[1] and dataclasses.is_dataclass(pool)
+    assert cache[1] is cache_alone[1]
 
 
 def test_the_cost_benchmark_runs_and_checks_on_cpu(tmp_path):

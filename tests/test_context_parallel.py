@@ -17,9 +17,11 @@ import torch.multiprocessing as mp
 
 from mixed_mla import api, context_parallel, exact, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE, QK_HEAD_DIM
-from mixed_mla.formats import as_uint8, quantize_fp8
+from mixed_mla.formats import quantize_fp8
 from mixed_mla.lse_merge import merge_by_lse
 from mixed_mla.paged import decode_paged
+
+from kernel_mutations import take_rows
 
 HEADS = 16
 PAGE_SIZE = 16
@@ -59,12 +61,8 @@ def rank_part(cache, kv_format, kv_indptr, rank, world, interleaved, seed):
     pages out of order, NaN in every row no sequence owns)."""
     rows = torch.cat([kv_indptr[b] + part_positions(n, rank, world, interleaved) for b, n in enumerate(KV_LENS)])
     lens = [len(part_positions(n, rank, world, interleaved)) for n in KV_LENS]
-    if kv_format == "bf16":
-        part = cache[rows]
-    else:
-        part = (as_uint8(cache[0])[rows].view(cache[0].dtype), cache[1])
-    paged, table, seq_lens = selfcheck.paged_view(part, kv_format, lens, PAGE_SIZE, torch.Generator().manual_seed(seed))
-    return paged, table, seq_lens
+    return selfcheck.paged_view(take_rows(cache, kv_format, rows.long()), kv_format, lens, PAGE_SIZE,
+                                torch.Generator().manual_seed(seed))
 
 
 def _worker(rank, world, port):

@@ -98,7 +98,7 @@ def _buffer_bytes(partial_rows: int, counters: int) -> int:
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
     """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
-    the most any plan of this backend needs there (any split count, fused or not)."""
+    the most any plan of this backend needs there (any split count, fused or not), but a batch-invariant one's."""
     if plan is not None:
         _, _, rows, counters = _regions(plan, max_total_q, num_heads)
         return _buffer_bytes(rows, counters)
