@@ -238,7 +238,8 @@ def test_a_graph_replay_is_bitwise_the_eager_decode_alone(kv_format):
         planned.run(static["q"], cache, static["qo"], static["table"], static["lens"], out=out, lse=lse)
 
     def load(members):   # same batch and query rows: the captured launch's shapes
-        for name, tensor in zip(("q", "qo", "table", "lens"), (pool.paged(members)[0], *pool.paged(members)[2:])):
+        q, _, qo, table, lens = pool.paged(members)
+        for name, tensor in (("q", q), ("qo", qo), ("table", table), ("lens", lens)):
             static[name].copy_(tensor)
 
     side = torch.cuda.Stream()
