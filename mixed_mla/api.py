@@ -13,6 +13,10 @@ natural log of the softmax denominator over the scaled scores (FlashMLA's softma
 out (batch, H, q_len), padded, where this API's rows are ragged: lse[qo_indptr[b] + i, h] is its [b, h, i]); -inf
 for a row that attends nothing (FlashMLA writes +inf there). Such a plan routes only to backends whose SPEC.lse is
 True. strict=True makes any fallback an error (RuntimeError) instead of a warning.
+
+batch_invariant=True (plan, decode) makes each sequence's output bitwise the same alone, in any company and at any
+batch size: its KV is cut into splits of a fixed number of tokens merged in a fixed order
+(planner.batch_invariant_plan, docs/engines.md); only backends with that mode serve it (torch, cuda_sm90).
 """
 import functools
 import warnings
@@ -22,7 +26,7 @@ import torch
 
 from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import Plan, device_arch, forced_backend, plan_for
+from .planner import BATCH_INVARIANT_REASON, Plan, batch_invariant_backend, device_arch, forced_backend, plan_for
 from .validate import (check_inputs, check_kv_format, checked_segment_lengths, indexed_device, normalized_cache,
                        raise_device_errors)
 
@@ -155,7 +159,8 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
     """The bytes of a workspace buffer that serves every plan (contiguous or paged) on `device` with at most
     `max_total_q` query rows (batch x max_q_len) and `num_heads` heads, whichever backend, split count or merge the
     planner picks: what to allocate once, as torch.empty(n, dtype=torch.uint8, device=device), and pass to plan /
-    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none)."""
+    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none). A batch-invariant
+    plan may need more (every split of its longest row: its .workspace_bytes)."""
     if max_total_q < 1 or num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"workspace_bytes needs max_total_q >= 1 and num_heads in {SUPPORTED_NUM_HEADS}; got "
                          f"{max_total_q}, {num_heads}")
@@ -165,7 +170,8 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
-         backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None) -> DecodePlan:
+         backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None,
+         batch_invariant=False) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -180,6 +186,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     workspace: a caller-owned uint8 buffer, contiguous, on the plan's device, of at least workspace_bytes(...) (or
     the plan's .workspace_bytes) bytes, 256-byte aligned: the plan carves its buffers from it (ValueError when it
     cannot). Plans sharing one must not run concurrently (docs/design.md#caller-owned-workspace). None: its own.
+    batch_invariant: the module docstring; max_kv_len must then bound every segment (as when it is read).
     Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
@@ -195,12 +202,13 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     max_q_len, max_kv_len, read_kv_lens = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
-                            strict)
+                            strict, batch_invariant)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, workspace)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
-           max_kv_len=None, out=None, backend=None, validate=False, return_lse=False, strict=False):
+           max_kv_len=None, out=None, backend=None, validate=False, return_lse=False, strict=False,
+           batch_invariant=False):
     """MLA decode: (total_q, H, 576) bf16 queries against one cache -> (total_q, H, 512) bf16
     (docs/design.md#semantics-every-backend).
 
@@ -208,12 +216,14 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
     validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
     return_lse=True returns (out, lse) (the module docstring); strict=True raises where a fallback would warn.
+    batch_invariant=True: the output of a segment does not depend on the others (the module docstring).
     """
     num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
     # read here when missing, where the contents meet the tensors' bounds
     max_q_len, max_kv_len, _ = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
-                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict)
+                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict,
+                   batch_invariant=batch_invariant)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
@@ -227,7 +237,7 @@ def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None, return_lse=False,
-           strict=False):
+           strict=False, batch_invariant=False):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
     Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
@@ -236,7 +246,8 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     strict.
     """
     arch = device_arch(device)
-    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
+    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, batch_invariant),
+                        arch, kv_lens)
     problem = route_problem(chosen, device, num_heads, max_q_len, return_lse)
     if problem is None:
         return chosen, backends.module(chosen.backend)
@@ -247,8 +258,8 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
         if alternative == chosen.backend:
             continue
         try:
-            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative), arch,
-                               kv_lens)
+            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative,
+                                       batch_invariant), arch, kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
         alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse)
@@ -277,6 +288,8 @@ def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
     if reason is None and return_lse and not backends.spec(plan.backend).lse:
         reason = LSE_REASON
+    if reason is None and plan.batch_invariant and not batch_invariant_backend(plan.backend):
+        reason = BATCH_INVARIANT_REASON
     if reason is None:   # a backend's own refusal of this plan (aiter: a pairing its installed generation lacks)
         refuse = getattr(backends.module(plan.backend), "plan_problem", None)
         reason = None if refuse is None else refuse(plan, device_arch(device), num_heads, max_q_len)

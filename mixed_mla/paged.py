@@ -17,7 +17,7 @@ Pages need not be back to back: a cache whose pages lie `page stride` elements a
 within a page contiguous: a view into a larger buffer) is read by backends whose SPEC.strided_pages is True (torch;
 the compiled kernels' params carry one flat row stride) when the plan is made with strided_pages=True; a plan
 without it refuses such a cache. append_paged writes into such a cache in place (the gaps left alone).
-return_lse and strict as in api.py; the kv_format is always the caller's.
+return_lse, strict and batch_invariant as in api.py; the kv_format is always the caller's.
 """
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -218,7 +218,7 @@ class PagedDecodePlan(api.PlanGeometry):
 
 def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
                device=None, backend=None, return_lse=False, strided_pages=False, strict=False,
-               workspace=None) -> PagedDecodePlan:
+               workspace=None, batch_invariant=False) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
     max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
@@ -226,7 +226,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
     raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
-    api.plan's.
+    api.plan's. batch_invariant: as api.plan's (max_kv_len must then bound every sequence; the default does).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)
     raise_device_errors(device)   # a violation a kernel recorded since the last plan, as api.plan raises it
@@ -246,13 +246,13 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
         max_q_len = max(1, longest)
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
-                            return_lse, strided_pages, strict)
+                            return_lse, strided_pages, strict, batch_invariant)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
                            strided_pages, workspace)
 
 
 def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,
-                 return_lse=False, backend=None, strict=False):
+                 return_lse=False, backend=None, strict=False, batch_invariant=False):
     """MLA decode over a paged cache of the declared kv_format -> (total_q, H, 512) bf16, with return_lse the pair
     (out, lse) (the module docstring gives the layout).
 
@@ -264,12 +264,12 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
     planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=kv_format,
                          page_size=cache.page_size, max_q_len=max(1, longest_q), max_kv_len=longest_kv,
                          device=q.device, backend=backend, return_lse=return_lse,
-                         strided_pages=not cache.pages_back_to_back, strict=strict)
+                         strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant)
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,
-           strict):
+           strict, batch_invariant=False):
     """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
     Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
     error); a forced backend that cannot serve raises."""
@@ -279,7 +279,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
     reasons = []
     for name in names:
         try:
-            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name)
+            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name, batch_invariant)
             problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages)
         except ValueError as error:   # this backend cannot read the format
             plan, problem = None, str(error)

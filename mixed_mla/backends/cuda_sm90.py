@@ -44,6 +44,11 @@ _PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 # Plan.fused is honoured (planner.fuses_merge reads this): the merge runs inside the split kernel. Opt-in: a plan has
 # it only where the measured table chose it (tools/autotune.py times both), never by default.
 FUSES_MERGE = True
+# Plan.split_tokens is honoured (planner.batch_invariant_backend reads this): the kernel cuts each row into shares of
+# that many tokens (decode_split.cuh split_rows) and the merge kernel sums a row's splits in order, an empty split
+# adding exactly 0, so neither depends on the launch's split count. A batch-invariant plan's workspace holds all its
+# splits (no cap: capping would change the cut): rows x heads x splits x 1028 B, 134 MB at 256 x 8192 with 16 heads.
+BATCH_INVARIANT = True
 
 
 class Workspace(NamedTuple):
@@ -76,7 +81,7 @@ def _counter_region(usable: int) -> int:
 
 def _regions(plan, max_total_q: int, num_heads: int):
     """(splits, partial_out elements, partial_lse elements, counters) of `plan` for up to max_total_q rows."""
-    splits = splits_for(plan.num_splits, max_total_q, num_heads)
+    splits = plan.num_splits if plan.batch_invariant else splits_for(plan.num_splits, max_total_q, num_heads)
     rows = max_total_q * num_heads * splits if splits > 1 else 0
     counters = max_total_q * -(-num_heads // HEAD_GROUP) if splits > 1 and plan.fused else 0
     return splits, rows * V_HEAD_DIM, rows, counters
@@ -93,7 +98,7 @@ def _buffer_bytes(partial_rows: int, counters: int) -> int:
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
     """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
-    the most any plan of this backend needs there (any split count, fused or not)."""
+    the most any plan of this backend needs there (any split count, fused or not), but a batch-invariant one's."""
     if plan is not None:
         _, _, rows, counters = _regions(plan, max_total_q, num_heads)
         return _buffer_bytes(rows, counters)
@@ -190,7 +195,8 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
             variant = paged_fp8_variant(plan.variant, kv.shape[1])
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
-            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32))
+            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32),
+            plan.split_tokens)
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come

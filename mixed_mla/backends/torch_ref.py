@@ -10,6 +10,12 @@ lengths is gathered into the same padded shape and masked. Unlike the compiled b
 contents on the host (one device->host copy on a GPU): its tensor shapes depend on them. It is the reference
 and fallback path, not the fast one. The sparse form (run_sparse) gathers each chunk of query rows' slots instead,
 and reads nothing on the host.
+
+A batch-invariant plan (Plan.split_tokens > 0) is served segment by segment instead: each segment's KV in splits of
+planner.batch_invariant_share(its length) tokens, each split from tensors made for it alone, the splits merged in
+order by lse_merge.merge_by_lse. Every tensor shape (and so every matmul's blocking and every reduction's order)
+then depends on the segment's own lengths, so its output is bitwise the same in any batch. The chunked path above
+is not: a chunk pads its segments to its longest one, whose length sets the reductions' lengths.
 """
 import torch
 
@@ -17,6 +23,8 @@ from . import BackendSpec
 from ..constants import DS_MLA_FORMAT, QK_HEAD_DIM, SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from ..formats import as_uint8, dequantize, mxfp4_scale_shape
 from ..sparse import sink_factor, usable_entries
+from ..lse_merge import merge_by_lse
+from ..planner import batch_invariant_share
 from ..validate import check_indptr_contents, indptr_to_host
 
 # Every format and head count on every device; fastest on bf16 (no dequantisation); one pass, no KV splits.
@@ -26,6 +34,8 @@ SPEC = BackendSpec(name="torch", formats=SERVED_KV_FORMATS, num_heads=SUPPORTED_
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
 # segments instead of one 4.8 GB dequantised copy of the cache.
 _CHUNK_FLOATS = 1 << 26
+# Plan.split_tokens is honoured (planner.batch_invariant_backend reads this).
+BATCH_INVARIANT = True
 
 
 def available(device):
@@ -39,6 +49,10 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     qo, kvp = indptr_to_host(qo_indptr, kv_indptr)
     kv_rows = _rows_tensor(kv_cache, kv_format).shape[0]
     check_indptr_contents(qo, kvp, q.shape[0], kv_rows)
+    if plan.batch_invariant:
+        for b in range(len(qo) - 1):
+            _attend_in_splits(q, kv_cache, kv_format, out, lse, sm_scale, qo[b], qo[b + 1], kvp[b], kvp[b + 1])
+        return
     q_lens = torch.tensor(qo).diff()
     kv_lens = torch.tensor(kvp).diff()
     num_heads = q.shape[1]
@@ -128,6 +142,41 @@ def _attend_chunk(q, kv_cache, kv_format, out, lse, sm_scale, qo, kvp, q_lens, k
         out[q_first:q_stop] = values.view(-1, num_heads, V_HEAD_DIM)
     else:
         out.index_copy_(0, q_rows, values[q_real.to(device)])
+
+
+def _attend_in_splits(q, kv_cache, kv_format, out, lse, sm_scale, q_lo, q_hi, kv_lo, kv_hi):
+    """One segment of a batch-invariant plan (the module docstring): query rows [q_lo, q_hi) over cache rows
+    [kv_lo, kv_hi), split by the segment's own length, each split's (out, lse) from fresh tensors, merged in order."""
+    q_len, kv_len = q_hi - q_lo, kv_hi - kv_lo
+    if q_len == 0:
+        return
+    num_heads = q.shape[1]
+    if kv_len == 0:
+        out[q_lo:q_hi].zero_()
+        if lse is not None:
+            lse[q_lo:q_hi] = float("-inf")
+        return
+    queries = q[q_lo:q_hi].to(torch.float32).view(q_len * num_heads, QK_HEAD_DIM)
+    # Causal MTP rule: query i of the segment sees positions 0 .. kv_len - q_len + i.
+    last_visible = kv_len - q_len + torch.arange(q_len, device=q.device)
+    share = batch_invariant_share(kv_len)
+    outs, lses = [], []
+    for lo in range(0, kv_len, share):
+        hi = min(lo + share, kv_len)
+        keys = _dequantize_rows(kv_cache, kv_format, kv_lo + lo, kv_lo + hi)    # (hi - lo, 576), made for this split
+        scores = (queries @ keys.T).view(q_len, num_heads, hi - lo).mul_(sm_scale)
+        hidden = torch.arange(lo, hi, device=q.device)[None, :] > last_visible[:, None]   # (q_len, hi - lo)
+        scores.masked_fill_(hidden[:, None, :], float("-inf"))
+        row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(neginf=0.0)   # rows that see nothing: all -inf
+        probs = scores.sub_(row_max).exp_()
+        denominator = probs.sum(dim=-1, keepdim=True)   # >= 1 where the row sees anything, else exactly 0
+        values = probs.view(q_len * num_heads, hi - lo) @ keys[:, :V_HEAD_DIM]
+        outs.append(values.view(q_len, num_heads, V_HEAD_DIM) / denominator.clamp_min(1.0))
+        lses.append((row_max + denominator.log()).view(q_len, num_heads))
+    merged, merged_lse = merge_by_lse(outs, lses)
+    out[q_lo:q_hi] = merged.to(out.dtype)
+    if lse is not None:
+        lse[q_lo:q_hi] = merged_lse
 
 
 # Cache rows gathered at once by run_paged: a group of consecutive sequences is copied out of its pages and decoded

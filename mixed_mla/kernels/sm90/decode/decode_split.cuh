@@ -60,15 +60,25 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
 }
 
 // The cache rows [lo, hi) of a segment that query r of q_len attends, in split `split`: its first
-// kv_len - q_len + r + 1 rows, cut into equal tile-aligned shares.
+// kv_len - q_len + r + 1 rows, cut into equal tile-aligned shares, or with split_tokens > 0 (params.h) into shares of
+// that many rows (planner.batch_invariant_share: whole multiples of it once a row needs more than kMaxSplits). The
+// last split of the launch takes the rest: nothing with equal shares, and with fixed ones a row longer than the plan
+// bounded still gets every row read (then in a different order than alone).
 struct SplitRows { int lo, hi; };
 template <int kTileTokens>
-__device__ __forceinline__ SplitRows split_rows(int kv_len, int q_len, int r, int num_splits, int split) {
+__device__ __forceinline__ SplitRows split_rows(int kv_len, int q_len, int r, int num_splits, int split_tokens,
+                                                int split) {
   const int attend = clamp_int(kv_len - q_len + r + 1, 0, kv_len);
-  const int per_split = (attend + num_splits - 1) / num_splits;
-  const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+  int share;
+  if (split_tokens > 0) {
+    const int unit = split_tokens * kMaxSplits;
+    share = split_tokens * max(1, (attend + unit - 1) / unit);
+  } else {
+    const int per_split = (attend + num_splits - 1) / num_splits;
+    share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+  }
   const int lo = min(split * share, attend);
-  return {lo, min(lo + share, attend)};
+  return {lo, split == num_splits - 1 ? attend : min(lo + share, attend)};
 }
 
 // What a CTA reads first, guessed before the indptr round trip as if every segment had total_q / batch queries and
@@ -94,7 +104,7 @@ __device__ __forceinline__ RowGuess guess_uniform_row(const DecodeParams& p, int
   RowGuess guess;
   const int q_len = p.total_q / p.batch, kv_len = p.num_kv_rows / p.batch;
   if (q_len * p.batch != p.total_q || kv_len * p.batch != p.num_kv_rows || r >= q_len) return guess;
-  const SplitRows rows = split_rows<kTileTokens>(kv_len, q_len, r, p.num_splits, split);
+  const SplitRows rows = split_rows<kTileTokens>(kv_len, q_len, r, p.num_splits, p.split_tokens, split);
   guess.q_row = seg * q_len + r;
   guess.first_row = seg * kv_len + rows.lo;
   guess.count = rows.hi - rows.lo;
@@ -420,7 +430,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (Tile::kTma) __syncthreads();  // the mbarriers initialised
   const RowGuess no_guess;
   for (int r = first_r; r < q_len; r += p.max_q_len) {
-    const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, blockIdx.x);
+    const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, p.split_tokens, blockIdx.x);
     decode_row<kFormat, kVariant, kPaged>(p, smem, pipe, q_begin + r, head0, kv_begin + rows.lo, rows.hi - rows.lo,
                                           blockIdx.x, kv_scale, r == first_r ? guess : no_guess, q_words);
     // Only the first row can use the guessed Q words: cleared, they need no registers through its tile loop.
