@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = Path(__file__).resolve().parent / "install_smoke.py"
 # what a clone holds of the package: the tracked files only (git ls-files), so untracked build output never ships
-PACKAGE_PATHS = ("pyproject.toml", "README.md", "mixed_mla")
+PACKAGE_PATHS = ("pyproject.toml", "LICENSE", "README.md", "mixed_mla")
 
 
 def _run(args, cwd, **kwargs):
