@@ -11,8 +11,8 @@ time for the plan's most query rows and owned by its DecodePlan (freed with it);
 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
-bounds, and records the violation in the device's error flag (validate.device_error_flag), which the next plan
-on the device, or validate.raise_device_errors, raises as a ValueError.
+bounds, and records the violation in the device's error flag (validate.device_error_flag), which
+validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,

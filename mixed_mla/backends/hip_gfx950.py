@@ -12,7 +12,7 @@ query rows and owned by its DecodePlan (freed with it). `run(..., lse=)` writes 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: stage 1 clamps every segment to the tensors, so it never reads or writes out of bounds,
 and records the violation in the device's error flag (validate.device_error_flag) by the sm90 kernels' rule
-(stage1.h record_indptr_violation), which the next plan on the device, or validate.raise_device_errors, raises.
+(stage1.h record_indptr_violation), which validate.raise_device_errors (or a validate=True run) raises.
 
 Plan fields: `variant` occ2 | occ3 | occ4 = the occupancy target in workgroups per CU (triple, double, single LDS
 buffer; tools/gfx950_report.py checks each reaches it), fused_occ2 | fused_occ3 | fused_occ4 the same with the
