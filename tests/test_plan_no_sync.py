@@ -54,7 +54,6 @@ def test_plan_and_run_do_not_sync_on_the_gpu(make_case, kv_format):
     lengths = dict(max_q_len=max(q_lens), max_kv_len=max(kv_lens))
     paged_cache, table, seq_lens = selfcheck.paged_view(cache, kv_format, kv_lens, PAGE_SIZE,
                                                         torch.Generator().manual_seed(1))
-    table, seq_lens = table.cuda(), seq_lens.cuda()
 
     def plan_and_run():
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format=kv_format, return_lse=True,
