@@ -255,8 +255,10 @@ def build_info() -> dict:
     time that load() would use here (its key matches; on a CPU-only torch a CUDA module does not load)."""
     kernels = {}
     for kernel_dir, build in BUILDS.items():
-        usable = _built_module(build, source_key(build)) is not None
-        kernels[kernel_dir] = {"platform": build.platform, "arch": build.arch,
-                               "built": True if usable else _passed_over[kernel_dir],
+        try:
+            built = True if _built_module(build, source_key(build)) is not None else _passed_over[kernel_dir]
+        except FileNotFoundError:   # a bundle (submission.py) ships the registered backends' sources only
+            built = "its sources are not in this package"
+        kernels[kernel_dir] = {"platform": build.platform, "arch": build.arch, "built": built,
                                "loaded": _loaded.get(kernel_dir)}
     return {"kernels": kernels, "jit_cache": str(builds_root())}
