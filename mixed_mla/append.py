@@ -23,7 +23,7 @@ holds them bitwise equal. gfx950 runs the torch path (no HIP kernel yet).
 
 Bad input: dtypes, shapes and devices raise before any write. A slot past the cache and a non-positive or non-finite
 fp8 scale are checked on the host (CPU tensors by default, or validate=True anywhere: a ValueError before any write,
-one device->host copy on a GPU) or else on the device (a GPU's default: no sync): a row whose slot is past the cache
+at a few device->host copies on a GPU) or else on the device (a GPU's default: no sync): a row whose slot is past the cache
 is not written, a bad scale writes nothing, and the violation is recorded in the device's append flag, which
 `raise_append_errors()` raises (one sync). Slots must be distinct; only the host check sees a repeat (as in the
 engines' kernels, a slot given twice on the device path holds bytes of either row).
@@ -58,7 +58,7 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
                          validate=None) -> None:
     """Write the first len(slot_mapping) rows of [kv_c | k_pe] into `kv_cache` (in place) at their slots (the module
     docstring gives every argument). validate: None checks on the host for CPU tensors and on the device for others;
-    True always on the host (one sync on a GPU), raising before any write; False always on the device."""
+    True always on the host (device->host copies on a GPU), raising before any write; False always on the device."""
     if kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; expected one of {', '.join(KV_CACHE_DTYPES)}")
     if fp8_rounding not in FP8_ROUNDINGS:
@@ -120,7 +120,7 @@ def _write(kv_c, k_pe, kv_cache, slot_mapping, kv_format, fp8_rounding, validate
 
 
 def _raise_violations(slots, num_slots, scale) -> None:
-    """The host check (one device->host copy on a GPU): a ValueError naming the first bad slot, a repeated slot or a
+    """The host check (a few device->host copies on a GPU): a ValueError naming the first bad slot, a repeated slot or a
     bad scale; nothing raised means nothing the device checks would flag."""
     details = []
     past = (slots >= num_slots).nonzero()

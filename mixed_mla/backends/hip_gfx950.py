@@ -54,7 +54,7 @@ FUSED_OPT_IN = "MLA_GFX950_FUSED"              # "1" at import: the SPEC declare
 DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
-KERNEL_FILES = kernels.BUILDS[KERNEL_DIR].device_files   # its exports: the decode, the aiter route's indptr guard
+KERNEL_FILES = kernels.BUILDS[KERNEL_DIR].device_files
 ROW_BYTES = {"fp8": QK_HEAD_DIM, "mxfp4": QK_HEAD_DIM // 2}
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "

@@ -16,8 +16,8 @@ The key (`source_key`) hashes every source file of the directory and of COMMON_D
 arch, the torch version and the toolkit torch was built with (torch.version.cuda / hip) and the Python ABI: a byte
 changed anywhere is a new key, so a stale build is never served.
 The cache: $TORCH_EXTENSIONS_DIR when set, else $MLA_KERNEL_CACHE/builds, else ~/.cache/mixed_mla/builds
-($XDG_CACHE_HOME honoured). It holds at most KEEP_BUILDS builds per kernel directory (about 10-30 MB each), the
-least recently loaded removed first; the materialized sources (a few KB per version) sit beside it in cache_root(). `build_info()` says what the package holds and what this process loaded.
+($XDG_CACHE_HOME honoured). It holds at most KEEP_BUILDS builds per kernel directory (one compiled library and its
+objects each), the least recently loaded removed first; the materialized sources (a few KB per version) sit beside it in cache_root(). `build_info()` says what the package holds and what this process loaded.
 """
 import hashlib
 import importlib
@@ -127,8 +127,14 @@ def builds_root() -> Path:
 def _prune_builds(build: KernelBuild, current: Path) -> None:
     """Keep KEEP_BUILDS JIT builds of `build` (`current` and the most recently loaded others); never one being built
     (torch's "lock" file in it). A process still using a removed build keeps its module (the .so stays mapped)."""
-    others = [p for p in builds_root().glob(f"mixed_mla_{build.stem}_*") if p != current and not (p / "lock").exists()]
-    for stale in sorted(others, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP_BUILDS - 1:]:
+    others = {}
+    for path in builds_root().glob(f"mixed_mla_{build.stem}_*"):
+        try:
+            if path != current and not (path / "lock").exists():
+                others[path] = path.stat().st_mtime
+        except OSError:   # removed meanwhile by another process's pruning
+            pass
+    for stale in sorted(others, key=others.get, reverse=True)[KEEP_BUILDS - 1:]:
         shutil.rmtree(stale, ignore_errors=True)
 
 
@@ -233,7 +239,10 @@ def load(kernel_dir: str):
     directory = builds_root() / name
     library = directory / f"{name}.so"
     if library.exists() and not (directory / "lock").exists():   # "lock": torch's marker of a build in progress
-        module = _import_built_library(name, library)
+        try:
+            module = _import_built_library(name, library)
+        except ImportError:   # a library left broken (a build killed while linking): built again below
+            module = None
         if getattr(module, "source_key", None) == key:
             os.utime(directory)
             _loaded[kernel_dir] = "jit cache"
