@@ -2,11 +2,12 @@
 
 plan() does the layout-dependent host work (read lengths unless given, pick backend / format / splits, check
 availability, make the backend's workspace) with no device->host copy when max_q_len and max_kv_len are given, so an
-engine may re-plan every step; run() validates what is free to check on the host, on every call, and launches one backend call through the
-torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every backend reads the indptr
-contents on the device, so a plan stays correct for new lengths and new data. A plan owns its workspace: it is freed
-when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8 buffer sized by
-workspace_bytes (below), which plans used one at a time may share (docs/design.md#caller-owned-workspace).
+engine may re-plan every step; run() validates what is free to check on the host, on every call, and launches one
+backend call through the torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every
+backend reads the indptr contents on the device, so a plan stays correct for new lengths and new data. A plan owns
+its workspace: it is freed when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8
+buffer sized by workspace_bytes (below), which plans used one at a time may share
+(docs/design.md#caller-owned-workspace).
 
 return_lse=True (plan, decode) also returns the log-sum-exp of each query row and head: float32 (total_q, H),
 natural log of the softmax denominator over the scaled scores (FlashMLA's softmax_lse convention; FlashMLA lays it

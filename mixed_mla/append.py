@@ -23,8 +23,8 @@ holds them bitwise equal. gfx950 runs the torch path (no HIP kernel yet).
 
 Bad input: dtypes, shapes and devices raise before any write. A slot past the cache and a non-positive or non-finite
 fp8 scale are checked on the host (CPU tensors by default, or validate=True anywhere: a ValueError before any write,
-at a few device->host copies on a GPU) or else on the device (a GPU's default: no sync): a row whose slot is past the cache
-is not written, a bad scale writes nothing, and the violation is recorded in the device's append flag, which
+at a few device->host copies on a GPU) or else on the device (a GPU's default: no sync): a row whose slot is past the
+cache is not written, a bad scale writes nothing, and the violation is recorded in the device's append flag, which
 `raise_append_errors()` raises (one sync). Slots must be distinct; only the host check sees a repeat (as in the
 engines' kernels, a slot given twice on the device path holds bytes of either row).
 """

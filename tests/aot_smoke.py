@@ -59,4 +59,5 @@ append.raise_append_errors("cuda")
 info = mixed_mla.build_info()["kernels"]
 assert all(info[d]["loaded"] == "built" for d in SM90_DIRS), info
 assert not jit_cache.exists() or not any(jit_cache.iterdir()), f"something was JIT-built into {jit_cache}"
-print(f"aot smoke passed: {installed}; strict error {error:.5f}; {', '.join(SM90_DIRS)} loaded built, nothing JIT-built")
+print(f"aot smoke passed: {installed}; strict error {error:.5f}; {', '.join(SM90_DIRS)} loaded built, nothing "
+      f"JIT-built")

@@ -2,9 +2,10 @@
 smoke test (tests/install_smoke.py) passes there from outside the repository.
 
 The wheel is the pure-Python one (MLA_BUILD_KERNELS=0; setup.py); the kernels built ahead of time are built and
-loaded on a GPU machine (docs/design.md#built-kernels). Fast by reuse: the wheel is built with this interpreter's setuptools (no build isolation, no network), the venv has
-no pip of its own and sees the system's site packages (--system-site-packages) and this interpreter's through a .pth
-file (torch is not reinstalled), and the wheel goes in with --no-deps. Only the package and its data are under test
+loaded on a GPU machine (docs/design.md#built-kernels). Fast by reuse: the wheel is built with this interpreter's
+setuptools (no build isolation, no network), the venv has no pip of its own and sees the system's site packages
+(--system-site-packages) and this interpreter's through a .pth file (torch is not reinstalled), and the wheel goes in
+with --no-deps. Only the package and its data are under test
 here, not dependency resolution.
 """
 import os

@@ -17,7 +17,8 @@ arch, the torch version and the toolkit torch was built with (torch.version.cuda
 changed anywhere is a new key, so a stale build is never served.
 The cache: $TORCH_EXTENSIONS_DIR when set, else $MLA_KERNEL_CACHE/builds, else ~/.cache/mixed_mla/builds
 ($XDG_CACHE_HOME honoured). It holds at most KEEP_BUILDS builds per kernel directory (one compiled library and its
-objects each), the least recently loaded removed first; the materialized sources (a few KB per version) sit beside it in cache_root(). `build_info()` says what the package holds and what this process loaded.
+objects each), the least recently loaded removed first; the materialized sources (a few KB per version) sit beside it
+in cache_root(). `build_info()` says what the package holds and what this process loaded.
 """
 import hashlib
 import importlib
