@@ -1,12 +1,13 @@
 """The public entry point: `decode`, or `plan` once per batch layout and `DecodePlan.run` per step.
 
-plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability,
-make the backend's workspace, raise an indptr violation a kernel recorded on the device since the last plan);
-run() validates what is free to check on the host, on every call, and launches one backend call through the
-torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every backend reads the indptr
-contents on the device, so a plan stays correct for new lengths and new data. A plan owns its workspace: it is freed
-when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8 buffer sized by
-workspace_bytes (below), which plans used one at a time may share (docs/design.md#caller-owned-workspace).
+plan() does the layout-dependent host work (read lengths unless given, pick backend / format / splits, check
+availability, make the backend's workspace) with no device->host copy when max_q_len and max_kv_len are given, so an
+engine may re-plan every step; run() validates what is free to check on the host, on every call, and launches one
+backend call through the torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every
+backend reads the indptr contents on the device, so a plan stays correct for new lengths and new data. A plan owns
+its workspace: it is freed when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8
+buffer sized by workspace_bytes (below), which plans used one at a time may share
+(docs/design.md#caller-owned-workspace).
 
 return_lse=True (plan, decode) also returns the log-sum-exp of each query row and head: float32 (total_q, H),
 natural log of the softmax denominator over the scaled scores (FlashMLA's softmax_lse convention; FlashMLA lays it
@@ -91,8 +92,10 @@ class DecodePlan(PlanGeometry):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse, the pair
         (out, lse), lse float32 (total_q, H) (`lse` when given). One call of the op `mixed_mla::decode`, which checks
         the inputs on the host; validate=True also checks the indptr contents here (one sync; not under
-        torch.compile)."""
+        torch.compile) and first raises an indptr violation a compiled kernel recorded on the device since
+        (validate.raise_device_errors)."""
         if validate:
+            raise_device_errors(q.device)
             num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
             longest_q = checked_segment_lengths(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)[0]
             if longest_q > self.max_q_len:
@@ -187,10 +190,10 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     the plan's .workspace_bytes) bytes, 256-byte aligned: the plan carves its buffers from it (ValueError when it
     cannot). Plans sharing one must not run concurrently (docs/design.md#caller-owned-workspace). None: its own.
     batch_invariant: the module docstring; max_kv_len must then bound every segment (as when it is read).
-    Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
+    No device->host copy when max_q_len and max_kv_len are given: an indptr violation a compiled kernel recorded is
+    raised by validate.raise_device_errors, or by a run / decode with validate=True (validate.py), never here.
     """
     device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
-    raise_device_errors(device)
     if kv_format is not None:
         check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -214,7 +217,8 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
 
     kv_cache: bf16 tensor (N, 1, 576) | fp8 (data (N, 1, 576), scale (1,)) | mxfp4 (packed (N, 1, 288), scales).
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
-    validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
+    validate=True also checks the indptr contents against the row counts and raises a violation a compiled kernel
+    recorded before (one device->host copy on a GPU: DecodePlan.run's validate).
     return_lse=True returns (out, lse) (the module docstring); strict=True raises where a fallback would warn.
     batch_invariant=True: the output of a segment does not depend on the others (the module docstring).
     """

@@ -176,8 +176,10 @@ class PagedDecodePlan(api.PlanGeometry):
             validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse the pair
         (out, lse). One call of the op `mixed_mla::decode_paged`, which checks the inputs on the host;
-        validate=True also checks the index contents here (one device->host copy; not under torch.compile)."""
+        validate=True also checks the index contents here (one device->host copy; not under torch.compile) and first
+        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors)."""
         if validate:
+            raise_device_errors(q.device)
             cache = self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
             longest_q = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)[0]
             if longest_q > self.max_q_len:
@@ -227,9 +229,9 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
     raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
     api.plan's. batch_invariant: as api.plan's (max_kv_len must then bound every sequence; the default does).
+    No device->host copy when max_q_len is given (api.plan's rule for recorded violations).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)
-    raise_device_errors(device)   # a violation a kernel recorded since the last plan, as api.plan raises it
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"num_heads {num_heads} is not supported; supported: {SUPPORTED_NUM_HEADS}")
@@ -256,10 +258,12 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
     """MLA decode over a paged cache of the declared kv_format -> (total_q, H, 512) bf16, with return_lse the pair
     (out, lse) (the module docstring gives the layout).
 
-    Plans, checks the index contents (one device->host copy of a few numbers) and runs in one go; to decode many
+    Plans, checks the index contents (one device->host copy of a few numbers, which also raises a violation a
+    compiled kernel recorded before: validate.raise_device_errors) and runs in one go; to decode many
     steps over one layout (or inside a CUDA graph or torch.compile), call plan_paged() once and .run() per step.
     """
     cache = check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out)
+    raise_device_errors(q.device)
     longest_q, longest_kv = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)
     planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=kv_format,
                          page_size=cache.page_size, max_q_len=max(1, longest_q), max_kv_len=longest_kv,

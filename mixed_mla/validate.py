@@ -2,14 +2,17 @@
 
 1. `check_inputs` reads only host-side metadata (dtype, shape, device, strides) and costs no device->host sync:
    every call runs it (decode, DecodePlan.run, custom_kernel), whatever was planned or cached before.
-2. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU): plan() runs it when it reads the lengths,
-   DecodePlan.run when asked (`validate=True`), custom_kernel the first time it sees a batch layout, and the
-   torch backend on every call (it reads them on the host anyway).
+2. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU): plan() runs it when it reads the lengths
+   (max_q_len or max_kv_len not given), DecodePlan.run when asked (`validate=True`), custom_kernel the first time it
+   sees a batch layout, and the torch backend on every call (it reads them on the host anyway).
 3. The compiled kernels read the indptr contents on the device, so a bad one after a good call cannot be seen on
    the host without a sync. The guarantee there: a kernel never reads or writes out of bounds, whatever the
    indptr arrays hold (every segment is clamped to the tensors), and it records any violation of the rules below
-   in the device's error flag (`device_error_flag`). The next plan on that device, or `raise_device_errors`,
-   raises it as a ValueError; the output of the call that broke the rules is not attention of its inputs.
+   in the device's error flag (`device_error_flag`); the output of the call that broke the rules is not attention
+   of its inputs. The flag is read (one sync) and raised as a ValueError only at these points, never by plan() /
+   plan_paged(), which an engine calls every step: `raise_device_errors()` (the explicit call, e.g. once per
+   engine step or when a step's output looks wrong), a run / decode with `validate=True`, and decode_paged (which
+   reads the index contents on the host anyway).
 The rules: both arrays start at 0 and never decrease; qo_indptr ends at total_q; kv_indptr ends within the cache.
 Error types: TypeError for dtypes, ValueError for shapes and contents, RuntimeError for devices.
 """

@@ -3,7 +3,8 @@ repository: `python install_smoke.py <repository mixed_mla dir>`.
 
 It checks that the import comes from the install (not the repository), then: plan + run, decode, decode_paged (and
 their LSE) on CPU against exact attention; every kernel source the repository holds readable through
-mixed_mla.kernels; every planner table the planner names loaded with entries.
+mixed_mla.kernels; build_info saying no kernel is built in (the pure-Python wheel); every planner table the planner
+names loaded with entries.
 """
 import sys
 from pathlib import Path
@@ -40,6 +41,9 @@ expected_sources = sorted(p.relative_to(repository_package / "kernels").as_posix
 assert expected_sources, "no kernel sources found in the repository"
 for relpath in expected_sources:
     assert kernels.read(relpath) == (repository_package / "kernels" / relpath).read_text(), relpath
+# a pure-Python install: every kernel directory JIT-built on first use (none loaded on the CPU)
+assert all(entry["built"] == "not built into this install" and entry["loaded"] is None
+           for entry in mixed_mla.build_info()["kernels"].values()), mixed_mla.build_info()
 for arch, filename in planner.TABLE_FILES.items():
     assert planner.table_for(arch), f"planner table {filename} missing or empty in the install"
 print(f"install smoke passed: {installed}, {len(expected_sources)} kernel sources, {len(planner.TABLE_FILES)} tables")

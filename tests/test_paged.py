@@ -236,9 +236,10 @@ def test_pages_that_are_not_back_to_back(kv_format):
         back_to_back.run(q, strided, qo, table, lens)
 
 
-def test_plan_paged_checks_the_query_indptr_it_reads_and_raises_recorded_device_errors(monkeypatch):
-    """plan_paged reads max_q_len from qo_indptr like api.plan (a decreasing one is refused, not planned around) and
-    first raises a violation a kernel recorded on the device since the last plan, as api.plan does."""
+def test_plan_paged_checks_the_query_indptr_it_reads_and_leaves_recorded_device_errors_to_decode_paged(monkeypatch):
+    """plan_paged reads max_q_len from qo_indptr like api.plan (a decreasing one is refused, not planned around) and,
+    like api.plan, never reads the device's error flag (no sync); decode_paged, which reads the index contents on the
+    host anyway, raises a violation a kernel recorded."""
     q, cache, _, qo, _, table, lens = make_paged_case([1, 2], [40, 9], 8, 16, "bf16", seed=3, device="cpu")
     assert paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8).max_q_len == 2
     with pytest.raises(ValueError, match="never decrease"):
@@ -248,5 +249,9 @@ def test_plan_paged_checks_the_query_indptr_it_reads_and_raises_recorded_device_
     def recorded(device):
         raise RuntimeError("a kernel recorded a bad index")
     monkeypatch.setattr(paged, "raise_device_errors", recorded)
-    with pytest.raises(RuntimeError, match="recorded a bad index"):
-        paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8)
+    planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format="bf16", page_size=cache.shape[1])
+    planned.run(q, cache, qo, table, lens)
+    for validated in (lambda: planned.run(q, cache, qo, table, lens, validate=True),
+                      lambda: paged.decode_paged(q, cache, qo, table, lens, kv_format="bf16")):
+        with pytest.raises(RuntimeError, match="recorded a bad index"):
+            validated()

@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), JIT-built with torch's load_inline.
+"""Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), built ahead of time or JIT (kernels.load).
 
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged when > 1 by a
@@ -11,8 +11,8 @@ time for the plan's most query rows and owned by its DecodePlan (freed with it);
 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
-bounds, and records the violation in the device's error flag (validate.device_error_flag), which the next plan
-on the device, or validate.raise_device_errors, raises as a ValueError.
+bounds, and records the violation in the device's error flag (validate.device_error_flag), which
+validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
@@ -30,11 +30,11 @@ import torch
 
 from . import WORKSPACE_ALIGNMENT, BackendSpec, aligned, build_failure
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from ..kernels import jit_build
+from .. import kernels
 from ..validate import device_error_flag
 
 KERNEL_DIR = "sm90/decode"
-ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
 FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
 TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
@@ -135,8 +135,7 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    # the .cu files carry no torch header: only binding.cpp pays for torch's headers
-    return jit_build(KERNEL_DIR, ("decode.cu",), ARCH_FLAGS, no_implicit_headers=True)
+    return kernels.load(KERNEL_DIR)
 
 
 def splits_for(requested: int, total_q: int, num_heads: int) -> int:
