@@ -276,10 +276,15 @@ VARIANT_BETS = {**{f"fp8:occ{n}": _FP8 for n in (2, 3, 4)}, **{f"mxfp4:occ{n}": 
 
 
 def variants_betting_on(keys) -> list:
-    """The variants (VARIANT_BETS' keys) that bet on any of these facts, as MLA_GFX950_DISABLE patterns: a format
-    all of whose variants are named becomes "format:*" (so the backend stops serving it), the rest stay by name."""
+    """The variants (VARIANT_BETS' keys) that bet on any of these facts, as MLA_GFX950_DISABLE patterns."""
     keys = set(keys)
-    named = [v for v, bets in VARIANT_BETS.items() if keys & set(bets)]
+    return disable_patterns(v for v, bets in VARIANT_BETS.items() if keys & set(bets))
+
+
+def disable_patterns(variants) -> list:
+    """VARIANT_BETS' variants as MLA_GFX950_DISABLE patterns: a format all of whose variants are named becomes
+    "format:*" (so the backend stops serving it), the rest stay by name."""
+    named = set(variants)
     patterns = []
     for kv_format in dict.fromkeys(v.split(":")[0] for v in VARIANT_BETS):
         own = [v for v in VARIANT_BETS if v.startswith(kv_format + ":")]
