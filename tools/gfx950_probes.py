@@ -27,7 +27,6 @@ import argparse
 import ctypes
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -40,8 +39,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
 
 from emulator.gfx950 import facts  # noqa: E402
+from mi355x_bringup import write_whole  # noqa: E402  (the bring-up reads the file this tool keeps)
 
 PROBE_DIR = ROOT / "tools" / "gfx950_probes"
 KERNEL_DIR = ROOT / "mixed_mla" / "kernels" / "gfx950" / "decode"
@@ -55,14 +56,13 @@ SENTINEL = 0xA5A5A5A5
 LDS_PROBE_BYTES = 2048
 WAIT_RUNS = ((8, 3), (20, 16))          # (loads, vmcnt left) of the s_waitcnt probe's two runs: low bits, high bits
 WAIT_STRIDE = 64 * 16
-E4M3_ONE, FP4_ONES, E8M0_ONE = 0x38, 0x22, 127   # 1.0 as e4m3; two fp4 1.0 in a byte; the unit e8m0 scale
-FP4_ONE = 0x2
+E4M3_ONE, FP4_ONE, FP4_ONES, E8M0_ONE = 0x38, 0x2, 0x22, 127   # 1.0 as e4m3, as fp4, twice in a byte; unit e8m0
 HANDOFF_GROUPS, HANDOFF_DATA = 8, 64
 HANDOFF_SEEN = HANDOFF_DATA + 64 * HANDOFF_GROUPS
 HANDOFF_LAST = HANDOFF_SEEN + 64
 POISON_BYTE = 0xFF                      # what the emulator leaves where the hardware's result is undefined
 OCCUPANCY_SIZES = 4                     # probes.hip OCCUPANCY_SIZES
-F32_EXACT_BITS = 24
+F32_EXACT_BITS = 24                     # significant bits of an f32: the exactness probe's sums stay within them
 
 NOT_PROBED = {
     "mfma_scale_16x16x128.fp8_scale_lane": "no kernel relies on it: fp8 operands get a wave-uniform unit scale",
@@ -810,14 +810,6 @@ class ProbeProcesses:
 def disabled_variants(verdicts: dict) -> list:
     """MLA_GFX950_DISABLE's value, as a list: the variants that bet on a fact that does not hold."""
     return facts.variants_betting_on(key for key, v in verdicts.items() if not v.holds)
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Replaces `path` with `text` in one step (a reader sees the old file or the new one, never none)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def report(verdicts: dict) -> str:

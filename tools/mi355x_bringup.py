@@ -13,9 +13,6 @@ goes on to the next step. Steps, in order:
                   build's library), before any kernel runs; a variant whose kernel fails a check is turned off
   probes          tools/gfx950_probes.py: one probe per gfx950 fact the kernels rely on; the variants that bet on a
                   fact that is contradicted, or that its probe could not settle, are turned off
-The two turn variants off through MLA_GFX950_DISABLE for every later step, and fail closed: before each runs, its
-file in the report folder says every variant is off ("*:*"), the step replaces that with what it found, and a
-step that dies first (or a file that cannot be read) leaves every variant off.
   selfcheck:*     one process per (variant, format) of hip_gfx950: mixed_mla.selfcheck against exact attention
                   (variable lengths, an empty segment, q_len 1-4, poisoned tails, one split and many); mxfp4 opted in;
                   one result line per split count
@@ -31,6 +28,9 @@ step that dies first (or a file that cannot be read) leaves every variant off.
   autotune        tools/autotune.py writing mixed_mla/tables/mi355x.json (default routes: mxfp4 NOT opted in)
   autotune-mxfp4  the same with mxfp4 opted in, into the report folder (evidence for turning it on by default)
   aiter-real      tests/test_aiter_real.py against the installed aiter ('absent' when the file is not there)
+code-object and probes turn variants off through MLA_GFX950_DISABLE for every later step, and fail closed: before
+each runs, its file in the report folder says every variant is off ("*:*"), the step replaces that with what it
+found, and a step that dies first (or a file that cannot be read) leaves every variant off.
 The report (REPORT.md) has a summary table, a pass/fail row per configuration (backend, variant, format, page size,
 splits) with its worst strict error, built from the self-check and strict steps' result lines (results/), and each
 step's command, status, time and output tail; full logs go beside it in logs/. A step with result lines passes only
