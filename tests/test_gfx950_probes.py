@@ -210,7 +210,8 @@ def test_the_matrix_probes_fill_every_element_and_give_b_distinct_scale_bytes():
                         for m in range(words[0])]
             assert all(np.all(o.view(np.uint16) != 0) for o in operands)   # every bf16 element of every lane
         else:
-            calls = [words[1 + m * probes.MFMA_CALL_WORDS:1 + (m + 1) * probes.MFMA_CALL_WORDS] for m in range(words[0])]
+            calls = [words[1 + m * probes.MFMA_CALL_WORDS:1 + (m + 1) * probes.MFMA_CALL_WORDS]
+                     for m in range(words[0])]
             if name == "mfma_fp8_fp8":
                 assert all(np.all(c[:1024].view(np.uint8) != 0) for c in calls)   # every byte of A and B
             if name == "mfma_opsel":
