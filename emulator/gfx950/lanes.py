@@ -149,7 +149,8 @@ KERNEL_SOURCES = HERE.parents[1] / "mixed_mla" / "kernels" / "gfx950" / "decode"
 
 def build_probes(out_dir: Path, overrides=None) -> ctypes.CDLL:
     """The hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes, built from the fact base's values (or
-    `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe."""
+    `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe and
+    emu_occupancy."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "isa_facts.h").write_text(facts.header(overrides))
     lib = out_dir / "probes.so"
