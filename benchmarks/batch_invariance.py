@@ -79,8 +79,7 @@ def measure(shapes, kv_format, backend, device, reps):
 
 
 def describe(plan) -> str:
-    return f"{plan.kv_format} s{plan.num_splits}" + (f" {plan.variant}" if plan.variant else "") + \
-        (" fused" if plan.fused else "")
+    return f"{plan.kv_format} s{plan.num_splits}" + (f" {plan.variant}" if plan.variant else "")
 
 
 def report(rows, kv_format, backend, device):

@@ -68,10 +68,6 @@ class Plan:
     variant: str = ""
     page_size: int = 1
     source: str = "heuristic"
-    # cuda_sm90: splits merged inside the split kernel (one launch) instead of by a second kernel (fuses_merge).
-    # Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52). hip_gfx950 names
-    # its fused kernels as variants (fused_occN, opt-in) and leaves this False.
-    fused: bool = False
     # > 0: batch-invariant (batch_invariant_plan below): each row's KV is cut into splits of this many tokens
     # (batch_invariant_share) whatever the launch, so its reduction order depends on its own length alone.
     # 0: num_splits equal shares.
@@ -279,11 +275,6 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
     return batch_invariant_plan(plan, kv_len) if batch_invariant else plan
 
 
-def fuses_merge(backend: str) -> bool:
-    """Whether `backend` honours Plan.fused (its module's FUSES_MERGE)."""
-    return getattr(module(backend), "FUSES_MERGE", False)
-
-
 def variants(backend: str, kv_format: str) -> tuple:
     """The variants of `backend` that apply to `kv_format`, its default first."""
     return spec(backend).variants_for(kv_format)
@@ -293,8 +284,8 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     """Every plan worth timing for one shape on `arch`, the heuristic's first; the environment is ignored.
 
     Formats x the arch's backends that implement them x variants x page sizes (as each backend's spec declares)
-    x power-of-two splits from 1 to 64 that leave at least 32 tokens (one tile) per split, each split plan also
-    fused where the backend fuses its merge. Without a compiled backend: the fallback's plan per format.
+    x power-of-two splits from 1 to 64 that leave at least 32 tokens (one tile) per split. Without a compiled
+    backend: the fallback's plan per format.
     """
     max_splits = max(1, min(MAX_SPLITS, kv_len // _MIN_TOKENS_PER_CANDIDATE_SPLIT))
     split_counts = [s for s in (2 ** i for i in range(MAX_SPLITS.bit_length())) if s <= max_splits]
@@ -306,11 +297,9 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
             declared = spec(backend)
             if not declared.splits_kv:
                 continue
-            fused = (False, True) if fuses_merge(backend) else (False,)
             for variant in declared.variants_for(kv_format):
                 for page_size in declared.page_sizes:
-                    plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate", f)
-                                 for s in split_counts for f in fused if s > 1 or not f)
+                    plans.extend(Plan(backend, kv_format, s, variant, page_size, "candidate") for s in split_counts)
     unique = {}
     for plan in plans:  # the heuristic plan and its candidate twin differ only in `source`: keep the first
         unique.setdefault(replace(plan, source=""), plan)
@@ -357,7 +346,7 @@ def batch_invariant_plan(plan: Plan, kv_len: int) -> Plan:
     tiles = {variant: declared.tile_tokens.get(variant, 1) for variant in declared.variants_for(plan.kv_format)}
     variant = max(tiles, key=lambda name: (BATCH_INVARIANT_SPLIT_TOKENS % tiles[name] == 0, tiles[name]))
     splits = min(MAX_SPLITS, -(-max(kv_len, 1) // BATCH_INVARIANT_SPLIT_TOKENS))
-    return replace(plan, num_splits=max(2, splits), variant=variant, fused=False, **marked)
+    return replace(plan, num_splits=max(2, splits), variant=variant, **marked)
 
 
 # ---- tables ----
@@ -387,8 +376,7 @@ def parse_table(text: str, source: str, require_evidence: bool = False, opted_in
         for index, entry in enumerate(entries):
             fields = entry["plan"]
             plan = Plan(backend=fields["backend"], kv_format=fields["kv_format"], num_splits=fields["num_splits"],
-                        variant=fields.get("variant", ""), page_size=fields.get("page_size", 1), source="table",
-                        fused=fields.get("fused", False))
+                        variant=fields.get("variant", ""), page_size=fields.get("page_size", 1), source="table")
             _check_table_plan(plan, index)
             key = (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
             if key[4] not in ("auto", plan.kv_format):
@@ -420,9 +408,6 @@ def _check_table_plan(plan: Plan, index: int) -> None:
         raise ValueError(f"entry {index}: num_splits {plan.num_splits!r} outside 1..{MAX_SPLITS}")
     if not isinstance(plan.page_size, int) or plan.page_size < 1:
         raise ValueError(f"entry {index}: page_size {plan.page_size!r} must be a positive integer")
-    if not isinstance(plan.fused, bool) or (plan.fused and not fuses_merge(plan.backend)):
-        raise ValueError(f"entry {index}: fused {plan.fused!r} must be a bool, true only for a backend that fuses "
-                         f"its merge")
 
 
 def unverified_routes_opted_in() -> bool:

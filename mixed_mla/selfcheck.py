@@ -17,7 +17,7 @@ per value of everything that changes which kernel runs or what it reads --
     the cache: contiguous or paged, and its page size (contiguous: the plan's page_size, the kv_indptr unit aiter's
         metadata reads; paged: the paged cache's, which picks cuda_sm90's fp8 tile source, TMA within a page or the
         row gather);
-    one split or several (stage 1 writes the output, or partials and the merge) and the merge (fused or a kernel);
+    one split or several (stage 1 writes the output, or partials and the merge);
     the head count (head groups, aiter's folding); max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query
         kernel serves with a partial tile);
     return_lse (the kernels' LSE stores).
@@ -68,14 +68,13 @@ class FirstUseKey(NamedTuple):
     cache: str          # CONTIGUOUS or PAGED
     page_size: int
     splits: str         # split_class
-    fused: bool
     num_heads: int
     max_q_len: int
     return_lse: bool
 
     def __str__(self):
         return (f"backend {self.backend!r} variant {self.variant!r} kv_format {self.kv_format}, {self.cache} cache "
-                f"of page size {self.page_size}, {self.splits} split(s){' (fused merge)' if self.fused else ''}, "
+                f"of page size {self.page_size}, {self.splits} split(s), "
                 f"{self.num_heads} heads, max_q_len {self.max_q_len}{', with the LSE' if self.return_lse else ''}")
 
 
@@ -85,7 +84,7 @@ def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int, retur
     paged cache's page size."""
     cache, size = (CONTIGUOUS, plan.page_size) if page_size is None else (PAGED, page_size)
     return FirstUseKey(backend_name, plan.variant, plan.kv_format, cache, size, split_class(plan.num_splits),
-                       plan.fused, num_heads, max_q_len, return_lse)
+                       num_heads, max_q_len, return_lse)
 
 
 def split_class(num_splits: int) -> str:

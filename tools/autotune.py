@@ -4,8 +4,7 @@
     python tools/autotune.py --shapes 4x1024 256x8192 --q-len 2 --heads 16 --repeats 30
     python tools/autotune.py --device cpu --device-table /tmp/cpu.json --shapes 2x64   # a smoke run
 
-For each shape (batch x kv_len) it times every plan of planner.candidates(...) (split plans both with the merge
-kernel and, where the backend can, fused: Plan.fused, docs/sm90.md v52) through the public API (api.plan for
+For each shape (batch x kv_len) it times every plan of planner.candidates(...) through the public API (api.plan for
 the backend, the candidate's Plan swapped in, DecodePlan.run) as eval.py times a call (benchmarks.timing.whole_call_us:
 the harness's cache flush, device events around the whole call), the median of the repeats. A plan counts only if its
 output passes the strict check (relative L2 against exact float64 attention on the cache format it reads,
@@ -49,7 +48,7 @@ def shape_key(shape: Shape) -> list:
 
 def plan_fields(plan: planner.Plan) -> dict:
     return {"backend": plan.backend, "kv_format": plan.kv_format, "num_splits": plan.num_splits,
-            "variant": plan.variant, "page_size": plan.page_size, "fused": plan.fused}
+            "variant": plan.variant, "page_size": plan.page_size}
 
 
 # ---- measuring one plan ----
@@ -170,8 +169,7 @@ def heuristic_report(records: list, shapes: list, arch: str) -> list:
 def describe(fields: dict) -> str:
     return (f"{fields['backend']} {fields['kv_format']} s{fields['num_splits']}"
             + (f" {fields['variant']}" if fields["variant"] else "")
-            + (f" p{fields['page_size']}" if fields["page_size"] != 1 else "")
-            + (" fused" if fields.get("fused") else ""))
+            + (f" p{fields['page_size']}" if fields["page_size"] != 1 else ""))
 
 
 def _entry_key(entry):

@@ -2,12 +2,12 @@
 
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged when > 1 by a
-second kernel or, with `fused`, by the last split CTA of each (row, head group) in the same launch (an arrival counter
-per (row, head group) in the workspace, which every call leaves at 0: docs/sm90.md v52), and for fp8 `variant`: ""
-tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax passes per token, coarser ends of rows: each is
-the fastest on some shapes, docs/sm90.md v42). `lse` (optional) gets each row's natural-log LSE. One C++ call per
-forward (binding.cpp), on the current stream, with no sync and no allocation: the split workspace is made at plan
-time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs are never reused.
+second kernel (a merge fused into the split kernel was slower on all 176 split plans timed: docs/sm90.md), and for
+fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax passes per token, coarser
+ends of rows: each is the fastest on some shapes, docs/sm90.md v42). `lse` (optional) gets each row's natural-log
+LSE. One C++ call per forward (binding.cpp), on the current stream, with no sync and no allocation: the split
+workspace is made at plan time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs
+are never reused.
 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from . import WORKSPACE_ALIGNMENT, BackendSpec, aligned, build_failure
-from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from . import BackendSpec, aligned, build_failure
+from ..constants import KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .. import kernels
 from ..validate import device_error_flag
 
@@ -40,10 +40,7 @@ TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per t
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
-_PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
-# Plan.fused is honoured (planner.fuses_merge reads this): the merge runs inside the split kernel. Opt-in: a plan has
-# it only where the measured table chose it (tools/autotune.py times both), never by default.
-FUSES_MERGE = True
+PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 # Plan.split_tokens is honoured (planner.batch_invariant_backend reads this): the kernel cuts each row into shares of
 # that many tokens (decode_split.cuh split_rows) and the merge kernel sums a row's splits in order, an empty split
 # adding exactly 0, so neither depends on the launch's split count. A batch-invariant plan's workspace holds all its
@@ -58,69 +55,43 @@ class Workspace(NamedTuple):
     partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
     max_total_q: int
     error_flag: torch.Tensor    # int32 (2,): the device's indptr violation flag (validate.device_error_flag)
-    # int32 (max_total_q * head groups,) zeros: the fused merge's arrival counters (every call leaves them 0);
-    # empty unless the plan is fused with splits > 1
-    split_counters: torch.Tensor
 
 
 # A workspace is one uint8 buffer (the caller's, or one the plan makes) carved into views, every region 256-byte
-# aligned (backends.WORKSPACE_ALIGNMENT): the fused merge's counters at its head, the partials after them. The head
-# region is sized by the buffer alone, 256 B (64 counters) per started 512 KiB, never by the plan, so plans sharing a
-# buffer overlap counters only with counters (all 0 between calls) and partials only with partials (scratch each call
-# writes before it reads). It suffices: a fused plan has >= 2 splits, so each counter (a row's group of <= 16 heads,
-# >= 4 of them) comes with >= 2 x 4 x 1028 = 8224 B of partials, more than the 8192 B of buffer per counter slot.
-# A plan zeroes its own counters when it is made on a buffer; the kernels leave them 0.
-COUNTER_BLOCK_BYTES = WORKSPACE_ALIGNMENT
-COUNTER_SPAN_BYTES = 512 << 10
-
-
-def _counter_region(usable: int) -> int:
-    """The bytes at the head of a buffer of `usable` bytes (a multiple of the alignment) that hold counters."""
-    return COUNTER_BLOCK_BYTES * -(-usable // COUNTER_SPAN_BYTES)
-
-
+# aligned (backends.WORKSPACE_ALIGNMENT): the partials, then their LSEs. Plans sharing a buffer overlap scratch that
+# each call writes before it reads.
 def _regions(plan, max_total_q: int, num_heads: int):
-    """(splits, partial_out elements, partial_lse elements, counters) of `plan` for up to max_total_q rows."""
+    """(splits, partial_out elements, partial_lse elements) of `plan` for up to max_total_q rows."""
     splits = plan.num_splits if plan.batch_invariant else splits_for(plan.num_splits, max_total_q, num_heads)
     rows = max_total_q * num_heads * splits if splits > 1 else 0
-    counters = max_total_q * -(-num_heads // HEAD_GROUP) if splits > 1 and plan.fused else 0
-    return splits, rows * V_HEAD_DIM, rows, counters
+    return splits, rows * V_HEAD_DIM, rows
 
 
-def _buffer_bytes(partial_rows: int, counters: int) -> int:
-    """The smallest buffer (a multiple of the alignment) whose layout holds `partial_rows` rows of partials and
-    their LSEs after a head region of at least `counters` counters."""
-    partials = aligned(partial_rows * V_HEAD_DIM * 2) + aligned(partial_rows * 4)
-    spans = max(-(-counters * 4 // COUNTER_BLOCK_BYTES),
-                -(-partials // (COUNTER_SPAN_BYTES - COUNTER_BLOCK_BYTES)))   # spans fitting the partials
-    return max(partials + spans * COUNTER_BLOCK_BYTES, (spans - 1) * COUNTER_SPAN_BYTES + WORKSPACE_ALIGNMENT)
+def _buffer_bytes(partial_rows: int) -> int:
+    """The bytes that hold `partial_rows` rows of partials and their LSEs."""
+    return aligned(partial_rows * V_HEAD_DIM * 2) + aligned(partial_rows * 4)
 
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
     """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
-    the most any plan of this backend needs there (any split count, fused or not), but a batch-invariant one's."""
+    the most any plan of this backend needs there (any split count), but a batch-invariant one's."""
     if plan is not None:
-        _, _, rows, counters = _regions(plan, max_total_q, num_heads)
-        return _buffer_bytes(rows, counters)
-    # the partial rows (q x H x splits) are at most the workspace cap's at any q <= max_total_q; counters exist only
-    # where a plan splits, in two or more, which bounds its query rows by the cap too
-    rows = min(max_total_q * num_heads * MAX_SPLITS, WORKSPACE_BYTES // _PARTIAL_BYTES)
-    splitting_rows = min(max_total_q, WORKSPACE_BYTES // (2 * num_heads * _PARTIAL_BYTES))
-    return _buffer_bytes(rows, splitting_rows * -(-num_heads // HEAD_GROUP))
+        return _buffer_bytes(_regions(plan, max_total_q, num_heads)[2])
+    # the partial rows (q x H x splits) are at most the workspace cap's at any q <= max_total_q
+    return _buffer_bytes(min(max_total_q * num_heads * MAX_SPLITS, WORKSPACE_BYTES // PARTIAL_BYTES))
 
 
 def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> Workspace:
     """Buffers for `plan` with up to max_total_q query rows (made at plan time, owned by the DecodePlan), as views
     of `buffer`: the caller's (uint8, contiguous, on `device`, 256-byte aligned, at least workspace_bytes: checked
-    by backends.plan_workspace), else one made here. Zeroes its counters (the kernels keep them 0)."""
-    splits, out_elements, rows, counters = _regions(plan, max_total_q, num_heads)
+    by backends.plan_workspace), else one made here."""
+    splits, out_elements, rows = _regions(plan, max_total_q, num_heads)
     if buffer is None:
-        buffer = torch.empty(_buffer_bytes(rows, counters), dtype=torch.uint8, device=device)
-    head = _counter_region(buffer.numel() // WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT)
-    lse_start = head + aligned(out_elements * 2)
-    return Workspace(splits, buffer[head:lse_start].view(torch.bfloat16)[:out_elements],
+        buffer = torch.empty(_buffer_bytes(rows), dtype=torch.uint8, device=device)
+    lse_start = aligned(out_elements * 2)
+    return Workspace(splits, buffer[:lse_start].view(torch.bfloat16)[:out_elements],
                      buffer[lse_start:lse_start + rows * 4].view(torch.float32), max_total_q,
-                     device_error_flag(torch.device(device)), buffer[:counters * 4].view(torch.int32).zero_())
+                     device_error_flag(torch.device(device)))
 
 
 def available(device):
@@ -140,7 +111,7 @@ def _module():
 
 def splits_for(requested: int, total_q: int, num_heads: int) -> int:
     """The split count actually launched: the plan's, within 1..MAX_SPLITS and the workspace cap."""
-    by_workspace = WORKSPACE_BYTES // max(1, total_q * num_heads * _PARTIAL_BYTES)
+    by_workspace = WORKSPACE_BYTES // max(1, total_q * num_heads * PARTIAL_BYTES)
     return max(1, min(int(requested), MAX_SPLITS, by_workspace))
 
 
@@ -175,9 +146,6 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
     elif q.shape[0] > workspace.max_total_q:
         raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
                          f"plan again")
-    elif plan.fused and workspace.splits > 1 and workspace.split_counters.numel() == 0:
-        raise ValueError("a fused plan needs the workspace make_workspace makes for it (its split counters): "
-                         "plan again")
     if lse is None:
         lse = _empty(q.device, torch.float32)
     elif (lse.dtype != torch.float32 or lse.shape != q.shape[:2] or not lse.is_contiguous()
@@ -194,8 +162,7 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
             variant = paged_fp8_variant(plan.variant, kv.shape[1])
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
-            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32),
-            plan.split_tokens)
+            block_table, seq_lens, lse, plan.split_tokens)
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come

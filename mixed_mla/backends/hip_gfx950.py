@@ -4,10 +4,10 @@ Stage 1 runs one workgroup per (KV split, query row, group of 16 heads) and read
 device (clamped), so any layout is handled and a plan fixes only the launch geometry; with more than one split a
 merge kernel combines the bf16 partials, or, in the fused variants, the last workgroup of each (row, head group) to
 finish does (kernels/gfx950/decode/fused_merge.h: one launch instead of two). One C++ call per forward
-(binding.cpp), on the current stream, with no sync and no allocation: the split workspace (cuda_sm90.make_workspace:
-the same partials, LSEs and error flag, the same 64 MiB cap on them, which may launch fewer splits than planned; plus
-the fused variants' zeroed arrival counters, which every call leaves zero) is made at plan time for the plan's most
-query rows and owned by its DecodePlan (freed with it). `run(..., lse=)` writes the natural-log log-sum-exp.
+(binding.cpp), on the current stream, with no sync and no allocation: the split workspace (cuda_sm90.make_workspace's
+partials, LSEs and error flag, the same 64 MiB cap on them, which may launch fewer splits than planned; plus the fused
+variants' zeroed arrival counters, which every call leaves zero) is made at plan time for the plan's most query rows
+and owned by its DecodePlan (freed with it). `run(..., lse=)` writes the natural-log log-sum-exp.
 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: stage 1 clamps every segment to the tensors, so it never reads or writes out of bounds,
@@ -32,14 +32,14 @@ self-check key (selfcheck.py states it) and routes a failing one elsewhere.
 import fnmatch
 import functools
 import os
-from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, QK_HEAD_DIM
 from ..formats import as_uint8
 from .. import kernels
-from . import cuda_sm90  # the same split workspace: partials, LSEs, the error flag
+from . import WORKSPACE_ALIGNMENT, cuda_sm90  # the same split workspace: partials, LSEs, the error flag
 
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
@@ -84,21 +84,69 @@ def declared_variants(fused_opted_in: bool) -> tuple:
     return two_kernel + (tuple(FUSED) if fused_opted_in else ())
 
 
-def _sm90_layout_plan(plan):
-    """The plan cuda_sm90's workspace layout sizes ours by: a fused variant's arrival counters are the fused
-    merge's counters there (the same head region of the buffer, zeroed once and left zero by every call)."""
-    return replace(plan, fused=plan.variant in FUSED)
+class Workspace(NamedTuple):
+    """cuda_sm90's split workspace (its fields, in its order) and the fused variants' arrival counters."""
+    splits: int
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+    max_total_q: int
+    error_flag: torch.Tensor
+    # int32 (max_total_q * head groups,) zeros, which every call leaves zero; empty unless the plan is a fused
+    # variant launching more than one split
+    split_counters: torch.Tensor
 
 
-def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> cuda_sm90.Workspace:
-    """Buffers for `plan` with up to max_total_q query rows, in cuda_sm90's layout (the caller's `buffer` or one
-    made here); split_counters are the fused variants' arrival counters (fused_merge.h)."""
-    return cuda_sm90.make_workspace(_sm90_layout_plan(plan), max_total_q, num_heads, device, buffer)
+# A workspace buffer: the fused variants' counters at its head, cuda_sm90's layout (partials, LSEs) after them. The
+# head region is sized by the buffer alone, 256 B (64 counters) per started 512 KiB, never by the plan, so plans
+# sharing a buffer overlap counters only with counters (all 0 between calls) and partials only with partials (scratch
+# each call writes before it reads). It suffices: a fused plan has >= 2 splits, so each counter (a row's group of 16
+# heads) comes with >= 2 x 16 x 1028 B of partials, more than the 8192 B of buffer per counter slot. A plan zeroes its
+# own counters when it is made on a buffer; the kernels leave them 0.
+COUNTER_BLOCK_BYTES = WORKSPACE_ALIGNMENT
+COUNTER_SPAN_BYTES = 512 << 10
+
+
+def _counter_region(usable: int) -> int:
+    """The bytes at the head of a buffer of `usable` bytes (a multiple of the alignment) that hold counters."""
+    return COUNTER_BLOCK_BYTES * -(-usable // COUNTER_SPAN_BYTES)
+
+
+def _counters(plan, max_total_q: int, num_heads: int) -> int:
+    """The arrival counters of `plan`: one per (query row, head group) of a fused variant launching > 1 split."""
+    splits = cuda_sm90.splits_for(plan.num_splits, max_total_q, num_heads)
+    return max_total_q * -(-num_heads // HEAD_GROUP) if plan.variant in FUSED and splits > 1 else 0
+
+
+def _buffer_bytes(partial_bytes: int, counters: int) -> int:
+    """The smallest buffer (a multiple of the alignment) whose layout holds cuda_sm90's `partial_bytes` after a head
+    region of at least `counters` counters."""
+    spans = max(-(-counters * 4 // COUNTER_BLOCK_BYTES),
+                -(-partial_bytes // (COUNTER_SPAN_BYTES - COUNTER_BLOCK_BYTES)))   # spans fitting the partials
+    return max(partial_bytes + spans * COUNTER_BLOCK_BYTES, (spans - 1) * COUNTER_SPAN_BYTES + WORKSPACE_ALIGNMENT)
+
+
+def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) -> Workspace:
+    """Buffers for `plan` with up to max_total_q query rows, as views of `buffer` (the caller's, checked by
+    backends.plan_workspace, else one made here); split_counters are the fused variants' arrival counters
+    (fused_merge.h), zeroed here (the kernels keep them 0)."""
+    if buffer is None:
+        buffer = torch.empty(workspace_bytes(plan, max_total_q, num_heads), dtype=torch.uint8, device=device)
+    head = _counter_region(buffer.numel() // WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT)
+    partials = cuda_sm90.make_workspace(plan, max_total_q, num_heads, device, buffer[head:])
+    counters = _counters(plan, max_total_q, num_heads)
+    return Workspace(*partials, buffer[:counters * 4].view(torch.int32).zero_())
 
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
-    """cuda_sm90.workspace_bytes of our plan (None: the most any plan needs)."""
-    return cuda_sm90.workspace_bytes(None if plan is None else _sm90_layout_plan(plan), max_total_q, num_heads)
+    """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
+    the most any plan of this backend needs there (any split count and variant)."""
+    if plan is not None:
+        return _buffer_bytes(cuda_sm90.workspace_bytes(plan, max_total_q, num_heads),
+                             _counters(plan, max_total_q, num_heads))
+    # counters exist only where a plan splits, in two or more, which bounds its query rows by the partials' cap too
+    splitting_rows = min(max_total_q, cuda_sm90.WORKSPACE_BYTES // (2 * num_heads * cuda_sm90.PARTIAL_BYTES))
+    return _buffer_bytes(cuda_sm90.workspace_bytes(None, max_total_q, num_heads),
+                         splitting_rows * -(-num_heads // HEAD_GROUP))
 
 
 _VARIANTS = declared_variants(os.environ.get(FUSED_OPT_IN) == "1")

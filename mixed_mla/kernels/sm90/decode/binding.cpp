@@ -19,8 +19,6 @@ using mla_binding::bytes_of;
 // (pass qo_indptr), fp8_variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
 // a contiguous cache.
 // lse: float32 (total_q, H) contiguous, the natural-log LSE of every row and head; empty: not written.
-// split_counters: int32 (>= total_q * head groups,) on the device, all 0 (the kernel leaves them 0): with
-// num_splits > 1 the split kernel merges its own splits (one launch, fused_merge.cuh); empty: the merge kernel.
 // split_tokens: 0, each row cut into num_splits equal shares; > 0, into shares of that many rows (params.h), the
 // batch-invariant plans' cut.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
@@ -28,7 +26,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
              int64_t kv_format, int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
              const torch::Tensor& block_table, const torch::Tensor& seq_lens, const torch::Tensor& lse,
-             const torch::Tensor& split_counters, int64_t split_tokens) {
+             int64_t split_tokens) {
   const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
@@ -63,17 +61,10 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   }
 
   TORCH_CHECK(split_tokens >= 0 && split_tokens <= (1 << 24), "split_tokens must be in 0..2^24");
-  const bool fused = num_splits > 1 && split_counters.numel() > 0;
   if (lse.numel() > 0) {
     TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
                 lse.size(1) == q.size(1) && lse.is_contiguous() && lse.device() == q.device(),
                 "lse must be float32 (total_q, H), contiguous, on q's device");
-  }
-  if (fused) {
-    const int64_t groups = (q.size(1) + 15) / 16;   // config.h kHeadGroup
-    TORCH_CHECK(split_counters.scalar_type() == at::kInt && split_counters.is_contiguous() &&
-                split_counters.numel() >= q.size(0) * groups && split_counters.device() == q.device(),
-                "split_counters must be int32 (>= total_q * head groups,) on q's device");
   }
 
   mla_sm90::DecodeParams p{};
@@ -86,7 +77,6 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.max_q_len = static_cast<int>(max_q_len);
   p.split_tokens = static_cast<int>(split_tokens);
   p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
-  p.split_counters = fused ? reinterpret_cast<unsigned int*>(split_counters.data_ptr<int32_t>()) : nullptr;
   if (paged) {
     TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
                 block_table.size(0) == qo_indptr.numel() - 1 && seq_lens.scalar_type() == at::kInt &&

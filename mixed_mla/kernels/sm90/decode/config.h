@@ -67,9 +67,6 @@ constexpr long long kMaxKvRowStrideBytes = 1ll << 26;
 
 constexpr int kMaxSplits = 64;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
-// The fused merge (fused_merge.cuh): partial loads each thread keeps in flight (16 B each, 32 KB per CTA: a whole
-// 4-split merge of 16 heads in two round trips to L2).
-constexpr int kFusedMergeLoads = 16;
 
 // The kernels' LSEs are in base 2 (exp2 arithmetic); DecodeParams::lse is in base e: lse = lse2 * ln 2.
 constexpr float kLn2 = 0.693147180559945309f;

@@ -109,8 +109,7 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
     case kFormatMxfp4: err = launch_split<kFormatMxfp4>(*p, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  // One split, or the fused merge (the split kernel's last CTA per row and head group merges): one launch.
-  if (err != cudaSuccess || p->num_splits == 1 || p->split_counters != nullptr) return err;
+  if (err != cudaSuccess || p->num_splits == 1) return err;
   // Programmatic dependent launch: the merge's launch overlaps the split kernel's tail (griddepcontrol).
   cudaLaunchAttribute overlap;
   overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -24,7 +24,6 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "fused_merge.cuh"
 #include "kv_tiles.cuh"
 #include "params.h"
 #include "ptx.cuh"
@@ -144,7 +143,7 @@ __device__ __forceinline__ void drain_guess(Pipe& pipe, uint8_t* stages, const R
 }
 
 // Where a row's tile loop keeps its exchanges (partial scores, then maxima and P) in the CTA's shared memory: past the
-// stages and the expanded tile. Copies never land there, so the fused merge's weights may use it between rows.
+// stages and the expanded tile.
 template <class Tile>
 __host__ __device__ constexpr int exchange_offset() {
   return Tile::kStages * Tile::kStageBytes + Tile::kExpandedBytes;
@@ -348,8 +347,6 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 template <int kFormat, int kVariant>
 __host__ __device__ constexpr int row_smem_bytes() {
   using Tile = KvTile<kFormat, kVariant>;
-  static_assert(kFusedWeightBytes <= kWarps * kHeadGroup * Tile::kRedStride * (int)sizeof(float),
-                "the fused merge's weights fit the score exchange");
   return exchange_offset<Tile>() +
          (kWarps * kHeadGroup * Tile::kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) +
          kHeadGroup * Tile::kPRowStride;
@@ -376,11 +373,10 @@ __device__ __forceinline__ void record_indptr_violation(const DecodeParams& p, i
   }
 }
 
-// grid = (num_splits, max_q_len * head_groups(num_heads), batch); with p.split_counters, the last split CTA of each
-// (row, head group) also merges (fused_merge.cuh), else merge_splits_kernel follows when num_splits > 1. kVariant:
-// Fp8Variant (fp8 only). Segment bounds come from the indptr contents, clamped to the tensors, so no indptr value can
-// send a read out of bounds. Query r of a segment of q_len rows attends its first kv_len - q_len + r + 1 cache rows;
-// the split takes an equal, tile-aligned share of those.
+// grid = (num_splits, max_q_len * head_groups(num_heads), batch); merge_splits_kernel follows when num_splits > 1.
+// kVariant: Fp8Variant (fp8 only). Segment bounds come from the indptr contents, clamped to the tensors, so no indptr
+// value can send a read out of bounds. Query r of a segment of q_len rows attends its first kv_len - q_len + r + 1
+// cache rows; the split takes an equal, tile-aligned share of those.
 // kPaged: the cache is pages read through p.block_table and p.seq_lens (params.h); no early guess is made.
 template <int kFormat, int kVariant, bool kPaged = false>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -436,13 +432,6 @@ __global__ void __launch_bounds__(kThreads, 2)
     // Only the first row can use the guessed Q words: cleared, they need no registers through its tile loop.
     for (auto& half : q_words)
       for (auto& step : half) step[0] = step[1] = 0u;
-    // Fused merge: the last split CTA of this (row, head group) to store its partials merges them all. Every CTA
-    // of the grid position runs the same rows, so each row's counter gets num_splits arrivals (fused_merge.cuh).
-    if (p.split_counters != nullptr && p.num_splits > 1) {
-      const int row = q_begin + r;
-      if (arrive_last(p, (int64_t)row * groups + head0 / kHeadGroup))
-        merge_group(p, reinterpret_cast<float*>(smem + exchange_offset<Tile>()), row, head0);
-    }
     __syncthreads();  // shared memory is reused by the next row
   }
   // A guessed prologue no row used (this CTA has no query row): its copies must land before the CTA ends.

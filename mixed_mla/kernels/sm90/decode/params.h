@@ -16,10 +16,6 @@ struct DecodeParams {
   float* partial_lse;             // (total_q, H, num_splits) log2-domain LSE, used when num_splits > 1
   int32_t* error_flag;            // (2,): [violation bits (config.h IndptrViolation), first bad segment]
   float* lse;                     // (total_q, num_heads) row-major, natural-log LSE of each row's scores; null: none
-  // Fused merge (num_splits > 1): arrival counters, one per (query row, head group), (total_q * head groups,), all 0
-  // before a call and left 0 after it; the last split CTA of a (row, group) merges its splits (fused_merge.cuh).
-  // null: the merge kernel runs instead.
-  unsigned int* split_counters;
   int64_t q_row_stride, q_head_stride;       // elements
   int64_t out_row_stride, out_head_stride;   // elements
   int64_t kv_row_stride;                     // bytes, multiple of 16
