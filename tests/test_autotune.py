@@ -153,20 +153,6 @@ def test_the_heuristic_is_reported_against_the_best_plan():
     assert "s5 not measured" in line
 
 
-@pytest.mark.parametrize("fused_us, fused_wins", [(15.0, True), (19.0, False)])
-def test_the_fused_merge_is_chosen_by_measurement_and_the_table_keeps_it(fused_us, fused_wins):
-    shape = Shape(32, 1024)
-    two_kernels = autotune.plan_fields(planner.Plan("cuda_sm90", "fp8", 4, "tile64"))
-    fused = {**two_kernels, "fused": True}
-    key = autotune.shape_key(shape)
-    records = [{"shape": key, "plan": two_kernels, "us": 17.0, "strict_error": 2e-3, "status": "ok"},
-               {"shape": key, "plan": fused, "us": fused_us, "strict_error": 2e-3, "status": "ok"}]
-    table = autotune.merged_table(None, autotune.best_entries(records, [shape], "test"), "H200", {"measured_by": "t"})
-    chosen = planner.parse_table(autotune.table_text(table), "autotuned")[(32, 1, 1024, 16, "auto")]
-    assert chosen.fused is fused_wins
-    assert autotune.describe(fused) == "cuda_sm90 fp8 s4 tile64 fused"
-
-
 def test_a_rewritten_table_keeps_its_opt_in_entries():
     """The MI355X table's opt_in_entries (routes used only with MLA_UNVERIFIED_ROUTES=1) survive a re-tune: opted
     in, the rewritten table still plans them (they differ from the defaults, so the check can fail)."""

@@ -159,10 +159,10 @@ def test_the_torch_invariant_path_reads_only_its_own_rows():
 # ---- the plan ----
 
 def test_the_cuda_plan_has_fixed_shares_enough_splits_and_the_ordered_merge():
-    fused = Plan("cuda_sm90", "fp8", 7, "", fused=True)
+    planned = Plan("cuda_sm90", "fp8", 7, "")
     for kv_len, splits in ((1, 2), (256, 2), (257, 2), (700, 3), (8192, 32), (16384, 64), (40000, 64)):
-        plan = planner.batch_invariant_plan(fused, kv_len)
-        assert (plan.num_splits, plan.split_tokens, plan.fused) == (splits, BATCH_INVARIANT_SPLIT_TOKENS, False)
+        plan = planner.batch_invariant_plan(planned, kv_len)
+        assert (plan.num_splits, plan.split_tokens) == (splits, BATCH_INVARIANT_SPLIT_TOKENS)
         assert plan.variant == "tile64" and plan.batch_invariant and plan.source.endswith("+batch_invariant")
     assert planner.batch_invariant_plan(Plan("cuda_sm90", "bf16", 7), 100).variant == ""   # its only tile: 32
 

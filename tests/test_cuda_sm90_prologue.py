@@ -169,25 +169,22 @@ def _case(layout: Layout, kv_format: str, seed: int):
     return q, _poisoned_cache(kv, kv_format, layout.spare_rows), _indptr(layout.q_lens), _indptr(layout.kv_lens)
 
 
-def _run(q, cache, kv_format, variant, qo, kvi, splits, max_q_len, fused=False, workspace=None):
+def _run(q, cache, kv_format, variant, qo, kvi, splits, max_q_len, workspace=None):
     out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant, fused=fused)
+    plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant)
     CUDA_SM90.run(q, cache, kv_format, qo, kvi, out, plan, DEFAULT_SM_SCALE, max_q_len, workspace=workspace)
     torch.cuda.synchronize()
     return out
 
 
 @gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused"])
 @pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
-def test_prologue_paths_match_exact_attention(layout, kv_format, variant, fused):
-    if fused and layout.splits == 1:
-        pytest.skip("one split merges nothing")
+def test_prologue_paths_match_exact_attention(layout, kv_format, variant):
     q, cache, qo, kvi = _case(layout, kv_format, seed=sum(layout.kv_lens) + layout.splits)
-    out = _run(q, cache, kv_format, variant, qo, kvi, layout.splits, layout.grid_rows, fused)
+    out = _run(q, cache, kv_format, variant, qo, kvi, layout.splits, layout.grid_rows)
     err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
-    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, {kv_format} {variant!r}, fused {fused}"
+    assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, {kv_format} {variant!r}"
     if layout in WRONG_GUESS and not layout.spare_rows:
         # negative case: the same output scored against the layout the kernel guessed (equal segments) fails, so the
         # bound tells the row's own tiles from the guess's (with spare rows the NaN rows tell them: the test below)
@@ -211,9 +208,8 @@ def test_a_read_of_the_poisoned_rows_reaches_the_output(kv_format, variant):
 
 
 @gpu
-@pytest.mark.parametrize("fused", [False, True], ids=["merge_kernel", "fused"])
 @pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
-def test_graph_replays_switch_between_a_right_and_a_wrong_guess(kv_format, variant, fused):
+def test_graph_replays_switch_between_a_right_and_a_wrong_guess(kv_format, variant):
     """The guess comes from the tensors' sizes, which a captured graph fixes, and is checked against the indptr
     contents at every replay: a plan captured on a uniform batch replays exact on non-uniform lengths of the same
     totals (guesses drained, or used for a row shorter than guessed; NaN rows past the rows, inside the guess) and on
@@ -225,7 +221,7 @@ def test_graph_replays_switch_between_a_right_and_a_wrong_guess(kv_format, varia
     ragged = [Layout((1,) * 4, (100, 500, 250, 110), splits=4, spare_rows=240), uniform]
     q, cache, qo, kvi = _case(uniform, kv_format, seed=61)
     planned = api.plan(qo, kvi, num_heads=16, kv_format=kv_format, max_q_len=1, max_kv_len=500, backend="cuda_sm90")
-    planned = replace(planned, plan=Plan("cuda_sm90", kv_format, uniform.splits, variant, fused=fused))
+    planned = replace(planned, plan=Plan("cuda_sm90", kv_format, uniform.splits, variant))
     out = torch.empty(q.shape[0], 16, 512, dtype=torch.bfloat16, device="cuda")
     planned.run(q, cache, qo, kvi, out=out)   # the first call's set-up (build, flags) stays out of the graph
     torch.cuda.synchronize()
@@ -245,30 +241,26 @@ def test_graph_replays_switch_between_a_right_and_a_wrong_guess(kv_format, varia
         torch.cuda.synchronize()
         err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
         assert err < TIGHT_BOUND, f"relative L2 {err:.2e} after replaying {layout}, {kv_format} {variant!r}"
-    assert planned.workspace.split_counters.count_nonzero() == 0
 
 
 @gpu
 @pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
 def test_garbage_indptr_with_guessable_sizes_then_a_valid_call(kv_format, variant):
     """Random indptr contents over sizes that divide by the batch (every CTA guesses, most guesses are wrong, rows of
-    several prologues): the launches read nothing out of bounds (compute-sanitizer checks the reads), the fused
-    merge's counters end at 0, the violation is recorded, and a valid call on the same workspace is then exact."""
+    several prologues): the launches read nothing out of bounds (compute-sanitizer checks the reads), the violation
+    is recorded, and a valid call on the same workspace is then exact."""
     batch = 6
     layout = Layout((2,) * batch, (300,) * batch, splits=3)
     q, cache, qo, kvi = _case(layout, kv_format, seed=17)
     gen = torch.Generator().manual_seed(17)
-    plan = Plan("cuda_sm90", kv_format, layout.splits, variant, fused=True)
+    plan = Plan("cuda_sm90", kv_format, layout.splits, variant)
     workspace = CUDA_SM90.make_workspace(plan, q.shape[0], q.shape[1], q.device)
     for trial in range(3):
         bad_qo = torch.randint(-4, 16, (batch + 1,), generator=gen, dtype=torch.int32).cuda()
         bad_kv = torch.randint(-500, 2300, (batch + 1,), generator=gen, dtype=torch.int32).cuda()
-        for fused in (False, True):
-            _run(q, cache, kv_format, variant, bad_qo, bad_kv, layout.splits, 1 + trial, fused,
-                 workspace if fused else None)
-        assert workspace.split_counters.count_nonzero() == 0
+        _run(q, cache, kv_format, variant, bad_qo, bad_kv, layout.splits, 1 + trial, workspace)
     with pytest.raises(ValueError, match="bad qo_indptr and kv_indptr contents"):
         validate.raise_device_errors()
-    out = _run(q, cache, kv_format, variant, qo, kvi, layout.splits, 2, True, workspace)
+    out = _run(q, cache, kv_format, variant, qo, kvi, layout.splits, 2, workspace)
     assert exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE) < TIGHT_BOUND
 

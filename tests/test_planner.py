@@ -204,8 +204,6 @@ def test_tables_are_read_from_disk(monkeypatch, tmp_path):
     ([_entry({"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 2}, kv_format="bf16")],
      "answers a request for bf16 with a fp8 plan"),
     ([{"batch": 4, "plan": {}}], "KeyError"),
-    ([_entry({"backend": "torch", "kv_format": "bf16", "num_splits": 1, "fused": True})], "fused True must be a bool"),
-    ([_entry({"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 2, "fused": 1})], "fused 1 must be a bool"),
 ])
 def test_malformed_tables_are_clear_errors(monkeypatch, entries, message):
     _install_table(monkeypatch, "sm90", entries)
@@ -231,7 +229,7 @@ def test_candidates_cover_the_backends_variants_and_splits():
     assert {p.variant for p in plans if p.backend == "hip_gfx950"} == {"occ2", "occ3", "occ4"}
     assert {p.page_size for p in plans if p.backend == "aiter"} == {1, 2, 8}
     assert {p.num_splits for p in plans} == {1, 2, 4, 8, 16, 32}          # >= 32 tokens (a tile) per split
-    assert len(plans) == len({(p.backend, p.kv_format, p.num_splits, p.variant, p.page_size, p.fused) for p in plans})
+    assert len(plans) == len({(p.backend, p.kv_format, p.num_splits, p.variant, p.page_size) for p in plans})
 
 
 def test_a_format_specific_variant_is_a_candidate_of_its_format_only():
@@ -319,22 +317,3 @@ def test_mi355x_heuristics_pick_aiter_configurations_its_evidence_covers():
     assert plan_for("gfx950", 64, 3, 1024, 16, "bf16").backend == "torch"     # q_len 3: aiter's test has none
     assert plan_for("gfx950", 64, 1, 1024, 16, "fp8", backend="aiter") == Plan("aiter", "fp8", 32, "", 1)  # (a)
     assert planner.evidence_class("gfx950", Plan("aiter", "fp8", 16, "", 1), 16, 1) is None   # not the reference's
-
-
-def test_a_split_plan_is_a_candidate_with_and_without_the_fused_merge_where_the_backend_fuses():
-    plans = candidates("sm90", 4, 1, 1024, 16)
-    fused = [p for p in plans if p.fused]
-    assert fused and all(p.backend == "cuda_sm90" and p.num_splits > 1 for p in fused)   # one split merges nothing
-    assert {(p.kv_format, p.num_splits, p.variant) for p in fused} == {
-        (p.kv_format, p.num_splits, p.variant) for p in plans if not p.fused and p.num_splits > 1}
-    assert not any(p.fused for p in candidates("gfx950", 4, 1, 1024, 16))   # its backends do not fuse
-    assert planner.fuses_merge("cuda_sm90") and not planner.fuses_merge("torch")
-
-
-def test_only_a_table_entry_turns_the_fused_merge_on(monkeypatch):
-    assert not plan_for("sm90", 32, 1, 1024, 16).fused          # the heuristic keeps the merge kernel
-    _install_table(monkeypatch, "sm90", [
-        _entry({"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 4, "variant": "tile64", "fused": True}),
-        _entry({"backend": "cuda_sm90", "kv_format": "bf16", "num_splits": 4}, kv_format="bf16")])
-    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "fp8", 4, "tile64", source="table", fused=True)
-    assert not plan_for("sm90", 4, 1, 1024, 16, "bf16").fused    # an entry without the field: the merge kernel

@@ -1,11 +1,12 @@
 """A caller-owned workspace: plan(..., workspace=buf) / plan_paged(..., workspace=buf) carve the backend's buffers
 from one uint8 tensor, sized by mixed_mla.workspace_bytes, which several plans may share (docs/design.md).
 
-On CPU the cuda_sm90 layout (make_workspace) is checked directly: the views lie in the buffer, 256-byte aligned and
-disjoint, the counter region is zeroed, any buffer at least the reported size works and one byte less is refused,
-and two plans carving one buffer never meet counter to partial. The plan-level path runs on CPU through the torch
-backend with the sm90 layout lent to its spec (torch itself needs no workspace). On an H100/H200: two fused plans of
-different batch sizes share one buffer, captured in a CUDA graph each and replayed alternately.
+On CPU the cuda_sm90 and hip_gfx950 layouts (make_workspace) are checked directly: the views lie in the buffer,
+256-byte aligned and disjoint, hip_gfx950's counter region (its fused variants' arrival counters) is zeroed, any
+buffer at least the reported size works and one byte less is refused, and two plans carving one buffer never meet
+counter to partial. The plan-level path runs on CPU through the torch backend with the sm90 layout lent to its spec
+(torch itself needs no workspace). On an H100/H200: two split plans of different batch sizes share one buffer,
+captured in a CUDA graph each and replayed alternately.
 """
 import dataclasses
 import itertools
@@ -48,51 +49,64 @@ def overlaps(a, b):
     return a[0] < b[1] and b[0] < a[1]
 
 
-SM90_CASES = [  # (max_total_q, num_heads, num_splits, fused)
-    (1, 16, 8, True), (4, 16, 8, False), (3, 4, 2, True), (256, 16, 64, True), (64, 128, 20, True),
-    (1000, 128, 64, True), (7, 8, 1, False), (2048, 16, 3, True),
+LAYOUT_CASES = [  # (max_total_q, num_heads, num_splits, variant): hip_gfx950 "fused_occ2" has counters
+    (1, 16, 8, "fused_occ2"), (4, 16, 8, ""), (3, 4, 2, ""), (256, 16, 64, "fused_occ2"), (64, 128, 20, "fused_occ2"),
+    (1000, 128, 64, "fused_occ2"), (7, 8, 1, ""), (2048, 16, 3, "fused_occ2"), (5, 32, 4, "occ3"),
 ]
 
 
-@pytest.mark.parametrize("rows,heads,splits,fused", SM90_CASES)
-def test_the_reported_size_is_what_the_layout_needs(rows, heads, splits, fused):
+def _layout_plan(splits, variant):
+    """The plan of LAYOUT_CASES' variant: hip_gfx950's when it names one of its variants, else cuda_sm90's."""
+    return Plan("hip_gfx950" if variant else "cuda_sm90", "fp8" if variant else "bf16", splits, variant)
+
+
+def _layout(plan):
+    return hip_gfx950 if plan.backend == "hip_gfx950" else cuda_sm90
+
+
+@pytest.mark.parametrize("rows,heads,splits,variant", LAYOUT_CASES)
+def test_the_reported_size_is_what_the_layout_needs(rows, heads, splits, variant):
     """A buffer of exactly workspace_bytes(plan) holds views of the sizes the kernels check (binding.cpp), aligned,
     disjoint and inside it, with the counter region zeroed; any larger buffer works too."""
-    plan = Plan("cuda_sm90", "bf16", splits, fused=fused)
-    needed = cuda_sm90.workspace_bytes(plan, rows, heads)
+    plan = _layout_plan(splits, variant)
+    layout = _layout(plan)
+    needed = layout.workspace_bytes(plan, rows, heads)
     for size in (needed, needed + 1, needed + 255, needed + (512 << 10), needed + (512 << 10) - 256 + 1):
         buffer = aligned_buffer(size)
-        work = cuda_sm90.make_workspace(plan, rows, heads, "cpu", buffer)
+        work = layout.make_workspace(plan, rows, heads, "cpu", buffer)
         launched = work.splits
         assert launched == cuda_sm90.splits_for(splits, rows, heads)
         partial_rows = rows * heads * launched if launched > 1 else 0
-        counters = rows * -(-heads // 16) if launched > 1 and fused else 0
-        assert (work.partial_out.numel(), work.partial_lse.numel(), work.split_counters.numel()) == (
-            partial_rows * 512, partial_rows, counters)
-        ranges = [byte_range(v, buffer) for v in (work.split_counters, work.partial_out, work.partial_lse)]
+        counters = rows * -(-heads // 16) if launched > 1 and variant in hip_gfx950.FUSED else 0
+        views = (work.partial_out, work.partial_lse) + ((work.split_counters,) if layout is hip_gfx950 else ())
+        assert tuple(v.numel() for v in views) == (partial_rows * 512, partial_rows, counters)[:len(views)]
+        ranges = [byte_range(v, buffer) for v in views]
         for start, end in ranges:
             assert start % ALIGNMENT == 0 and 0 <= start <= end <= size
         assert not any(overlaps(a, b) for a, b in itertools.combinations(ranges, 2))
-        assert work.split_counters.count_nonzero() == 0
+        if layout is hip_gfx950:
+            assert work.split_counters.count_nonzero() == 0
 
 
-def test_the_size_without_a_buffer_is_the_same_layout():
+@pytest.mark.parametrize("plan", [Plan("cuda_sm90", "fp8", 8), Plan("hip_gfx950", "fp8", 8, "fused_occ2")])
+def test_the_size_without_a_buffer_is_the_same_layout(plan):
     """The plan's own allocation (no buffer) is the layout of a caller's buffer of the reported size."""
-    plan = Plan("cuda_sm90", "fp8", 8, fused=True)
-    work = cuda_sm90.make_workspace(plan, 6, 16, "cpu")
-    assert work.partial_out.untyped_storage().nbytes() == cuda_sm90.workspace_bytes(plan, 6, 16)
-    assert work.split_counters.count_nonzero() == 0
+    work = _layout(plan).make_workspace(plan, 6, 16, "cpu")
+    assert work.partial_out.untyped_storage().nbytes() == _layout(plan).workspace_bytes(plan, 6, 16)
 
 
-def test_the_bound_covers_every_plan_up_to_its_rows():
-    """workspace_bytes(None, rows, heads) (what mixed_mla.workspace_bytes reports on an sm90 device) is at least what
-    any plan with fewer rows needs, at any split count, fused or not; and it is reached (not loose by a span)."""
+@pytest.mark.parametrize("backend, variants", [("cuda_sm90", ("",)), ("hip_gfx950", ("occ3", "fused_occ2"))])
+def test_the_bound_covers_every_plan_up_to_its_rows(backend, variants):
+    """workspace_bytes(None, rows, heads) (what mixed_mla.workspace_bytes reports on the backend's device) is at least
+    what any plan with fewer rows needs, at any split count, with counters or not; and it is reached (not loose by a
+    span)."""
+    layout = _layout(Plan(backend, "fp8", 1))
     for rows, heads in [(1, 16), (8, 4), (300, 16), (2048, 128), (1100, 16)]:
-        bound = cuda_sm90.workspace_bytes(None, rows, heads)
+        bound = layout.workspace_bytes(None, rows, heads)
         cap_rows = cuda_sm90.WORKSPACE_BYTES // (heads * (512 * 2 + 4))   # query rows of one split at the cap
         candidates = {1, rows // 2 or 1, rows} | {min(rows, max(1, cap_rows // s)) for s in range(2, MAX_SPLITS + 1)}
-        needs = [cuda_sm90.workspace_bytes(Plan("cuda_sm90", "bf16", s, fused=f), q, heads)
-                 for q in sorted(candidates) for s in range(1, MAX_SPLITS + 1) for f in (False, True)]
+        needs = [layout.workspace_bytes(Plan(backend, "fp8", s, v), q, heads)
+                 for q in sorted(candidates) for s in range(1, MAX_SPLITS + 1) for v in variants]
         assert max(needs) <= bound < max(needs) + (512 << 10), (rows, heads)
     # negative: the exact size of the largest plan is not a bound: the split cap makes fewer rows need more
     assert cuda_sm90.workspace_bytes(Plan("cuda_sm90", "bf16", 64), 1000, 16) > \
@@ -100,15 +114,15 @@ def test_the_bound_covers_every_plan_up_to_its_rows():
 
 
 def test_plans_sharing_a_buffer_meet_counters_only_with_counters():
-    """For random pairs of plans carving one buffer (any size that holds both), neither one's partials touch the
-    other's counters: so a call of one never breaks the zeroed counters the other relies on."""
+    """For random pairs of hip_gfx950 plans carving one buffer (any size that holds both), neither one's partials
+    touch the other's counters: so a call of one never breaks the zeroed counters the other relies on."""
     rng = random.Random(0)
     for _ in range(200):
-        pair = [(Plan("cuda_sm90", "bf16", rng.randint(1, MAX_SPLITS), fused=rng.random() < 0.7),
-                 rng.randint(1, 600), rng.choice((4, 8, 16, 32, 128))) for _ in range(2)]
-        size = max(cuda_sm90.workspace_bytes(*p) for p in pair) + rng.choice((0, 1, 300, 1 << 19))
+        pair = [(Plan("hip_gfx950", "fp8", rng.randint(1, MAX_SPLITS), "fused_occ2" if rng.random() < 0.7 else "occ3"),
+                 rng.randint(1, 600), rng.choice((16, 32, 128))) for _ in range(2)]
+        size = max(hip_gfx950.workspace_bytes(*p) for p in pair) + rng.choice((0, 1, 300, 1 << 19))
         buffer = aligned_buffer(size)
-        a, b = (cuda_sm90.make_workspace(plan, rows, heads, "cpu", buffer) for plan, rows, heads in pair)
+        a, b = (hip_gfx950.make_workspace(plan, rows, heads, "cpu", buffer) for plan, rows, heads in pair)
         for mine, theirs in ((a, b), (b, a)):
             counters = byte_range(mine.split_counters, buffer)
             assert not any(overlaps(counters, byte_range(v, buffer)) for v in (theirs.partial_out,
@@ -117,10 +131,10 @@ def test_plans_sharing_a_buffer_meet_counters_only_with_counters():
 
 @pytest.fixture
 def sm90_layout_on_torch(monkeypatch):
-    """The torch backend's spec with cuda_sm90's workspace (8 fused splits whatever it plans): the plan-level path
-    on CPU. torch_ref.run ignores the workspace it is given, so results stay exact."""
+    """The torch backend's spec with cuda_sm90's workspace (8 splits whatever it plans): the plan-level path on CPU.
+    torch_ref.run ignores the workspace it is given, so results stay exact."""
     real_spec = backends.spec
-    split_plan = Plan("cuda_sm90", "bf16", 8, fused=True)
+    split_plan = Plan("cuda_sm90", "bf16", 8)
     lent = dataclasses.replace(
         real_spec("torch"),
         workspace=lambda plan, rows, heads, device, buffer=None: cuda_sm90.make_workspace(split_plan, rows, heads,
@@ -156,7 +170,7 @@ def test_a_paged_plan_carves_the_same_buffer(sm90_layout_on_torch):
     buffer = aligned_buffer(cuda_sm90.workspace_bytes(None, 4, 16))
     planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16, backend="torch",
                                workspace=buffer)
-    assert planned.workspace.split_counters.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
+    assert planned.workspace.partial_out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
     assert_strict(planned.run(q, cache, qo, table, lens), q, contiguous, "fp8", qo, kvi, "torch")
     with pytest.raises(ValueError, match=f"needs {planned.workspace_bytes}"):
         paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16, backend="torch",
@@ -198,12 +212,12 @@ def test_the_torch_backend_takes_no_bytes_but_checks_the_buffer(make_case):
 
 def test_the_public_size_is_the_largest_of_the_devices_backends(monkeypatch):
     """On an sm90 device mixed_mla.workspace_bytes is cuda_sm90's bound (torch needs none); on a gfx950 one it is
-    hip_gfx950's, which carves cuda_sm90's layout (aiter takes none from the caller); bad arguments raise."""
+    hip_gfx950's: cuda_sm90's layout after its counters (aiter takes none from the caller); bad arguments raise."""
     monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
     assert mixed_mla.workspace_bytes(512, 16, "cpu") == cuda_sm90.workspace_bytes(None, 512, 16) > 0
     monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
     assert backends.spec("aiter").workspace_bytes is None
-    assert mixed_mla.workspace_bytes(512, 16, "cpu") == hip_gfx950.workspace_bytes(None, 512, 16) == \
+    assert mixed_mla.workspace_bytes(512, 16, "cpu") == hip_gfx950.workspace_bytes(None, 512, 16) > \
         cuda_sm90.workspace_bytes(None, 512, 16)
     for rows, heads in [(0, 16), (4, 12)]:
         with pytest.raises(ValueError, match="max_total_q >= 1 and num_heads"):
@@ -218,9 +232,9 @@ def _sm90_ready():
 
 @pytest.mark.skipif(not _sm90_ready(), reason="needs an sm_90 GPU with the cuda_sm90 backend built")
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8"])
-def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case, kv_format):
-    """One CUDA graph per batch size, both plans fused (8 splits) on one caller buffer, replayed alternately 50
-    times each: every output is strictly correct and every arrival counter reads 0 at the end."""
+def test_two_split_plans_share_a_buffer_over_alternating_graph_replays(make_case, kv_format):
+    """One CUDA graph per batch size, both plans of 8 splits on one caller buffer, replayed alternately 50 times
+    each: every output is strictly correct."""
     cases = [make_case([1, 2, 1], [300, 900, 41], seed=51, device="cuda"),
              make_case([2, 1, 1, 2, 1, 1], [7, 1200, 64, 0, 513, 33], seed=52, device="cuda")]
     buffer = torch.empty(mixed_mla.workspace_bytes(12, 16, "cuda"), dtype=torch.uint8, device="cuda")
@@ -229,8 +243,8 @@ def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case
         cache = case.cache(kv_format)
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format=kv_format, max_q_len=2,
                            max_kv_len=1200, backend="cuda_sm90", workspace=buffer)
-        planned = dataclasses.replace(planned, plan=Plan("cuda_sm90", kv_format, 8, fused=True))   # same buffer
-        assert planned.workspace.split_counters.numel() > 0
+        planned = dataclasses.replace(planned, plan=Plan("cuda_sm90", kv_format, 8))   # same buffer
+        assert planned.workspace.splits == 8
         assert planned.workspace.partial_out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
         out = torch.empty(case.q.shape[0], 16, 512, dtype=torch.bfloat16, device="cuda")
         side = torch.cuda.Stream()
@@ -247,9 +261,6 @@ def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case
         out.fill_(float("nan"))
         graph.replay()
         assert_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, "cuda_sm90")
-    torch.cuda.synchronize()
-    for _, _, planned, _, _ in steps:
-        assert planned.workspace.split_counters.count_nonzero() == 0
     small, large = steps[0], steps[1]   # negative: the large batch's first rows are not the small one's answer
     assert exact.strict_error(large[4][:4], small[0].q, small[1], kv_format, small[0].qo_indptr,
                               small[0].kv_indptr, DEFAULT_SM_SCALE) > 0.3

@@ -41,7 +41,7 @@ step() {  # step NAME TIMEOUT CMD...: run, record the exit code in the log
 
 if [[ "$parts" == *checks* ]]; then
 if [ "${AUTOTUNE:-0}" = 1 ]; then
-  step autotune 420 python3 tools/autotune.py --restart   # split plans timed with both merges (docs/sm90.md v52)
+  step autotune 420 python3 tools/autotune.py --restart
   step bundle 60 python3 tools/bundle.py
   cp mixed_mla/tables/h200.json submission.py "$out/"
 fi
@@ -72,10 +72,9 @@ fi
 # The sanitizers slow warps unevenly, which is how a wait that depends on timing shows (a stray copy once: the hang
 # in docs/sm90.md#what-it-does, "Prologue"): besides garbage indptr contents they get the layouts whose early guess
 # of a uniform batch is wrong. Paged plans replayed in a graph and garbage block tables ride along ("garbage"
-# selects both garbage tests); each of these runs the merge kernel and the fused merge (whose counters the
-# "fused_counters" tests read back after 200 graph replays).
+# selects both garbage tests).
 if [[ "$parts" == *sanitizers* ]]; then
-sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or fused_counters or poisoned or replays"
+sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or poisoned or replays"
 for tool in memcheck racecheck synccheck; do
   step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
     python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py -k "$sanitized"
