@@ -370,3 +370,22 @@ def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
     error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
     assert not error
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_the_emulator_catches_occ4s_q_handed_over_without_an_lds_wait(tmp_path, ziglang, kv_format):
+    # occ4 as it was: wave 0 stores Q in LDS and the loop's bare s_barrier hands it to the other waves with no
+    # s_waitcnt lgkmcnt(0) (s_barrier does not wait for LDS stores: lds.barrier_visibility), so they may read it
+    # before it lands; the emulator poisons such stores at the barrier and the output must fail the bound
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    stage1 = src / "decode/stage1.h"
+    text = stage1.read_text()
+    handoff = "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n      workgroup_sync();\n"
+    assert text.count(handoff) == 1
+    stage1.write_text(text.replace(handoff, "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n"))
+    lib = lanes.build(src, tmp_path)
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    error, out = _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=4)
+    assert not error
+    assert not exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= 2 * BOUND[kv_format]

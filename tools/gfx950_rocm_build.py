@@ -28,9 +28,10 @@ How:
    under HIP need hip/hip_fp16.h, which the public header set lacks; the result records it). docs/mi355x.md lists
    what differs from a real ROCm build.
 
-Usage: python tools/gfx950_rocm_build.py [--setup] [--json] [--device-only] [--kernel-dir DIR]
+Usage: python tools/gfx950_rocm_build.py [--setup] [--json] [--device-only] [--kernel-dir DIR] [--keep-object PATH]
    --setup        install what the build needs, once (scripts/setup-env runs it), and exit
    --kernel-dir   build these gfx950/decode sources instead of the package's (the tests' mutations)
+   --keep-object  copy the linked code object here (tools/gfx950_mca.py and the tests read it again)
 Exit status 1 when a step fails.
 """
 import argparse
@@ -288,7 +289,7 @@ def unresolved_backend_symbols(binding_obj: str, host_obj: str) -> list:
     return sorted(s for s in needed if BACKEND_SYMBOL.search(s) and s not in defined)
 
 
-def build(work: Path, device_only: bool = False, kernel_dir=None) -> dict:
+def build(work: Path, device_only: bool = False, kernel_dir=None, keep_object=None) -> dict:
     """Every step's result, with its files in `work`; result["failures"] lists what failed (empty: the whole
     build went through)."""
     missing = missing_prerequisites()
@@ -308,6 +309,9 @@ def build(work: Path, device_only: bool = False, kernel_dir=None) -> dict:
         result["host"] = compile_host(captured, work)
         if "error" not in result["device"]:
             result["code_object"] = link_code_object(captured, work)
+            if keep_object is not None and "object" in result["code_object"]:
+                shutil.copyfile(result["code_object"]["object"], keep_object)
+                result["code_object"]["object"] = str(keep_object)
         if binding is not None:
             result["binding"] = binding.result()
     failures = [f"{step}: {result[step]['error']}" for step in ("device", "host", "code_object", "binding")
@@ -327,13 +331,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--device-only", action="store_true", help="skip the binding (the slow C++ compile)")
     parser.add_argument("--kernel-dir", type=Path, help="gfx950/decode sources to build instead of the package's")
+    parser.add_argument("--keep-object", type=Path, help="copy the linked code object here")
     args = parser.parse_args()
     if args.setup:
         for line in setup():
             print(f"gfx950_rocm_build: {line}")
         return 0
     with tempfile.TemporaryDirectory(prefix="gfx950_rocm_build_") as work:
-        result = build(Path(work), args.device_only, args.kernel_dir)
+        result = build(Path(work), args.device_only, args.kernel_dir, args.keep_object)
     kernels = result.get("device", {}).get("kernels", [])
     if args.json:
         code_object = result.get("code_object", {})

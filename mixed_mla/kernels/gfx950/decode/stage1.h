@@ -213,9 +213,12 @@ __device__ inline void stage1(const DecodeParams& p) {
                         rows_end, wave, lane);
     const QFragment q = load_q_fp8<Cache::Q_ORDER>(p, t, head_group * HEAD_GROUP + n, g);
     const float mult = q.inv_scale * Cache::value_scale(p) * p.sm_scale_log2;
-    if (Q_IN_LDS && wave == 0)  // read after the first tile's barrier
+    if (Q_IN_LDS) {  // wave 0 stores Q once for all four; no tile is in flight here (one buffer)
+      if (wave == 0)
 #pragma unroll
-      for (int step = 0; step < QK_STEPS; ++step) q_lds[step * WAVE_SIZE + lane] = q.step[step];
+        for (int step = 0; step < QK_STEPS; ++step) q_lds[step * WAVE_SIZE + lane] = q.step[step];
+      workgroup_sync();
+    }
     for (int i = 0; i < count; ++i) {
       if (i + NB - 1 < count)
         issue_tile<Cache>(p, lds + ((i + NB - 1) % NB) * Cache::TILE_BYTES,
