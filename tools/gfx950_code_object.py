@@ -95,7 +95,8 @@ def _tool(name: str) -> str:
 
 
 def missing_tools() -> list:
-    return [str(LLVM_BIN / t) for t in ("ld.lld", "llvm-objdump", "llvm-readobj") if not (LLVM_BIN / t).exists()]
+    return [str(LLVM_BIN / t) for t in ("ld.lld", "llvm-objdump", "llvm-readobj", "llvm-mca")
+            if not (LLVM_BIN / t).exists()]
 
 
 def metadata(obj: Path) -> dict:

@@ -22,8 +22,9 @@ How:
    - the code object: the HIP unit's device side compiled and linked as hipcc links it (lld: Debian's lld-22),
      with the ROCm device libraries the triton wheel ships (ocml.bc, ockl.bc; the oclc_* control libraries are
      in no public package, and the kernels call nothing that reads them); then tools/gfx950_code_object.py reads
-     the object with Debian's llvm-22 tools: registers, LDS, scratch and occupancy from its metadata, and whether
-     the tile loops' prefetch overlap survives the compiler's own waits.
+     the object with Debian's llvm-22 tools: registers, LDS, scratch and occupancy from its metadata, whether
+     the tile loops' prefetch overlap survives the compiler's own waits and whether every LDS store is waited for
+     before a barrier; and tools/gfx950_mca.py counts each stage-1 tile loop's clocks per token with llvm-mca.
    Not compiled: load_inline's implicit `#include <torch/types.h>` at the top of the HIP unit (torch's headers
    under HIP need hip/hip_fp16.h, which the public header set lacks; the result records it). docs/mi355x.md lists
    what differs from a real ROCm build.
@@ -53,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gfx950_code_object  # noqa: E402
+import gfx950_mca  # noqa: E402
 import gfx950_report  # noqa: E402
 
 ARCH = "gfx950"
@@ -66,7 +68,7 @@ TRITON_HIP_PREFIX = "triton/backends/amd/include/hip/"
 TRITON_DEVICE_LIB_PREFIX = "triton/backends/amd/lib/"
 DEVICE_LIBS = ("ocml.bc", "ockl.bc")
 BITCODE_DIR = ROCM_DIR / "amdgcn" / "bitcode"
-LLVM_PACKAGES = ("llvm-22", "lld-22")   # lld for the device link, llvm-objdump / llvm-readobj to read the object
+LLVM_PACKAGES = ("llvm-22", "lld-22")   # lld for the device link; llvm-objdump, llvm-readobj, llvm-mca read it
 WHEEL_TAG = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 # clang 22's resource folder with its HIP wrapper headers (Debian: libclang-common-22-dev).
 CLANG_RESOURCE_DIR = Path(os.environ.get("MLA_CLANG_RESOURCE_DIR", "/usr/lib/llvm-22/lib/clang/22"))
@@ -256,7 +258,12 @@ def link_code_object(build: dict, work: Path) -> dict:
                           capture_output=True, text=True, cwd=hip.parent, env=env)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()}
-    return {"object": str(obj), "device_libs": list(DEVICE_LIBS), "kernels": gfx950_code_object.read(obj)}
+    result = {"object": str(obj), "device_libs": list(DEVICE_LIBS), "kernels": gfx950_code_object.read(obj)}
+    try:
+        result["mca"] = gfx950_mca.count_object(obj)
+    except (ValueError, subprocess.CalledProcessError) as e:   # a loop it cannot follow, or llvm-mca refusing it
+        result["error"] = f"llvm-mca: {e}"
+    return result
 
 
 def compile_binding(build: dict, work: Path) -> dict:
@@ -351,6 +358,8 @@ def main() -> int:
         if result.get("code_object", {}).get("kernels"):
             print(f"linked code object ({', '.join(DEVICE_LIBS)}; read with llvm-22):")
             print(gfx950_code_object.format_table(result["code_object"]["kernels"]))
+            print("tile loop, steady state of wave 0, counted by llvm-mca (SIMD clocks per token; budget: HBM):")
+            print(gfx950_mca.format_table(result["code_object"].get("mca", [])))
         for step in ("device", "host", "code_object", "binding"):
             if step in result:
                 print(f"{step}: {'FAILED' if 'error' in result[step] else 'ok'}")
