@@ -438,6 +438,7 @@ inline int frexp_exponent(float x) {
 #define __builtin_amdgcn_mbcnt_hi(mask, v) ((v) + (unsigned)(mla_emu::lane() > 32 ? mla_emu::lane() - 32 : 0))
 #define __builtin_amdgcn_s_barrier() mla_emu::workgroup_barrier()
 #define __builtin_amdgcn_s_waitcnt(n) mla_emu::wait_counters(n)
+#define __builtin_amdgcn_sched_group_barrier(mask, size, sync_id) ((void)0)  // instruction order only
 #define __builtin_amdgcn_ds_bpermute(address, data) mla_emu::bpermute(address, data)
 #define __builtin_amdgcn_readfirstlane(v) mla_emu::exchange_first(v)
 #define __builtin_amdgcn_frexp_expf(x) mla_emu::frexp_exponent(x)

@@ -153,7 +153,7 @@ __device__ inline void issue_tile(const DecodeParams& p, const WaveChunks<Cache>
                                   int first_row, int rows_end, int wave) {
 #pragma unroll
   for (int k = 0; k < WaveChunks<Cache>::MAX; ++k)
-    if (wave + WAVES * k < Cache::TILE_CHUNKS)
+    if (k < WaveChunks<Cache>::MAX - 1 || wave + WAVES * k < Cache::TILE_CHUNKS)  // only the last may be missing
       Cache::load_chunk(p, lds_tile, wave + WAVES * k, chunks.piece[k], first_row, rows_end - 1 - first_row);
 }
 
@@ -170,6 +170,22 @@ __device__ inline void wait_tile(int ahead, int wave) {
     if (takes_big) { MLA_WAIT_VMCNT(big); } else { MLA_WAIT_VMCNT(small); }
   } else {
     if (takes_big) { MLA_WAIT_VMCNT(2 * big); } else { MLA_WAIT_VMCNT(2 * small); }
+  }
+}
+
+// The K reads of Q.K one step (two MFMAs) ahead of their MFMAs: LLVM's model gives LDS reads a few cycles, so
+// left alone it reads an operand, waits for it and runs its MFMA, ten times a tile, each wait a full LDS latency.
+// The scheduling groups order the tile loop's block: the reads of the first two MFMAs, then each MFMA followed by
+// the reads of the one two places on (2 a K operand: two 16-byte halves, or the packed fp4 and its scale byte;
+// with Q in LDS, its 2 per step too).
+template <bool Q_IN_LDS>
+__device__ inline void pipeline_k_reads() {
+  constexpr int MFMA = 0x8, DS_READ = 0x100, READS = Q_IN_LDS ? 3 : 2;
+  __builtin_amdgcn_sched_group_barrier(DS_READ, 2 * READS, 0);
+#pragma unroll
+  for (int j = 0; j < 2 * QK_STEPS; ++j) {
+    __builtin_amdgcn_sched_group_barrier(MFMA, 1, 0);
+    __builtin_amdgcn_sched_group_barrier(DS_READ, READS, 0);
   }
 }
 
@@ -256,6 +272,7 @@ __device__ inline void stage1(const DecodeParams& p) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) s[blk] = Cache::qk_step(tile, 16 * blk + n, step, g, q_step, s[blk]);
       }
+      pipeline_k_reads<Q_IN_LDS>();
 
       // online softmax in log2 units; the tile has >= 1 valid token, so the new max is finite
       float x[2][4], tile_max = -__builtin_inff();
