@@ -389,3 +389,15 @@ def test_the_emulator_catches_occ4s_q_handed_over_without_an_lds_wait(tmp_path, 
     error, out = _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=4)
     assert not error
     assert not exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= 2 * BOUND[kv_format]
+
+
+@pytest.mark.parametrize("atomics", [1, 3])
+def test_the_emulator_counts_every_vector_memory_operation_in_vmcnt(lane_emulator, atomics):
+    # a direct-to-LDS load followed by global atomics: vmcnt(atomics) leaves only the atomics in flight, so the load
+    # has landed; one more left in flight keeps it poison (an emulator counting only direct-to-LDS loads retires
+    # nothing at vmcnt(1) after one load and fails the first half)
+    src = torch.arange(1024, dtype=torch.int32).to(torch.uint8)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics)
+    assert not error and torch.equal(lds, src)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics + 1)
+    assert not error and (lds == 0xFF).all()
