@@ -9,8 +9,9 @@ own wait before the reads, which waits for the prefetched tiles too and removes 
 vector-memory operation of the wave (loads, stores, atomics, direct-to-LDS loads), and they retire in issue order,
 so `s_waitcnt vmcnt(N)` leaves a load in flight only while fewer than N vector-memory operations were issued after
 it. The check, in a variant with more than one tile buffer: every LDS read of the tile loop must be reachable from
-a direct-to-LDS load along a path on which that load stays in flight through every wait it passes (counting every
-vector-memory operation issued after it on the path). A read with no such path waits for every tile ahead of it.
+a direct-to-LDS load along a path that passes at least one vmcnt wait (the one covering the read's own tile) and on
+which that load stays in flight through every wait (counting every vector-memory operation issued after it on the
+path). A read with no such path waits for every tile ahead of it.
 A single-buffer variant (occ4) has no overlap by design.
 
 LDS hand-off. s_barrier does not wait for LDS stores (facts.py lds.barrier_visibility): every path from a ds_write
@@ -195,7 +196,8 @@ def in_flight_reads(code: list, edges: list, reads: list) -> tuple[set, set]:
         after = (min(issued + vector[i], MAX_VMCNT), waited or vmcnt[i] is not None)
         graph[state] = [(j, *after) for j in edges[i]]
         stack += graph[state]
-    targets = {s for s in graph if s[0] in set(reads) and s[2]}
+    read_set = set(reads)
+    targets = {s for s in graph if s[0] in read_set and s[2]}
     before = {}
     for s, out in graph.items():
         for o in out:
@@ -249,7 +251,7 @@ def check(kernel: KernelObject) -> list:
             problems.append("no direct-to-LDS load or no MFMA")
         elif BUFFERS.get(kernel.target_wg_per_cu, 1) > 1 and not pipeline["overlap_survives"]:
             problems.append(f"{len(pipeline['reads_without_overlap'])} of the tile loop's {pipeline['loop_reads']} "
-                            "LDS reads wait for every direct-to-LDS load before them: the prefetch overlap is lost "
+                            "LDS reads have no direct-to-LDS load left in flight after their wait: the prefetch overlap is lost "
                             f"there ({', '.join(pipeline['reads_without_overlap'][:4])})")
     return problems
 

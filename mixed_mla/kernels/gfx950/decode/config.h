@@ -91,7 +91,7 @@ constexpr int buffers_for_occupancy(int occ) { return occ == 4 ? 1 : occ == 3 ? 
 
 // Where the fp8 Q operands live during the tile loop. In registers they take 40 of a lane's registers; at occ4
 // (128 registers) that left fp8 at 127 and spilled 8 for mxfp4 (clang 22), so occ4 reads Q from LDS instead
-// (10 KiB: 5 steps x 64 lanes x 32 B; then 102 / 106 registers), trading LDS reads for headroom.
+// (10 KiB: 5 steps x 64 lanes x 32 B; then 108 / 117 registers, clang 22), trading LDS reads for headroom.
 constexpr bool q_in_lds(int occ) { return occ >= 4; }
 constexpr int Q_LDS_BYTES = QK_STEPS * WAVE_SIZE * K_GROUP;
 

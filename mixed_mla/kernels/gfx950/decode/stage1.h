@@ -177,10 +177,11 @@ __device__ inline void wait_tile(int ahead, int wave) {
 // left alone it reads an operand, waits for it and runs its MFMA, ten times a tile, each wait a full LDS latency.
 // The scheduling groups order the tile loop's block: the reads of the first two MFMAs, then each MFMA followed by
 // the reads of the one two places on (2 a K operand: two 16-byte halves, or the packed fp4 and its scale byte;
-// with Q in LDS, its 2 per step too).
+// with Q in LDS one more, its two per step). tools/gfx950_mca.py counts the effect (docs/mi355x.md).
 template <bool Q_IN_LDS>
 __device__ inline void pipeline_k_reads() {
-  constexpr int MFMA = 0x8, DS_READ = 0x100, READS = Q_IN_LDS ? 3 : 2;
+  constexpr int MFMA = 0x8, DS_READ = 0x100;   // LLVM's sched_group_barrier instruction classes
+  constexpr int READS = Q_IN_LDS ? 3 : 2;
   __builtin_amdgcn_sched_group_barrier(DS_READ, 2 * READS, 0);
 #pragma unroll
   for (int j = 0; j < 2 * QK_STEPS; ++j) {
