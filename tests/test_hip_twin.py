@@ -401,3 +401,22 @@ def test_the_emulator_counts_every_vector_memory_operation_in_vmcnt(lane_emulato
     assert not error and torch.equal(lds, src)
     error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics + 1)
     assert not error and (lds == 0xFF).all()
+
+
+def test_the_emulator_catches_the_indptr_guards_scan_handed_over_without_an_lds_wait(tmp_path, ziglang):
+    # the indptr guard as it was: its max-scan stored in LDS and read by other waves after bare s_barriers; the
+    # poisoned hand-off loses the running max, so a decreasing entry is neither restored nor flagged
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    guard = src / "decode/indptr_guard.hip"
+    text = guard.read_text()
+    assert text.count("workgroup_sync();") == 4
+    guard.write_text(text.replace("workgroup_sync();", "barrier();"))
+    lib = lanes.build(src, tmp_path)
+    qo = torch.arange(0, 701, dtype=torch.int32)
+    kv = torch.arange(0, 701 * 5, 5, dtype=torch.int32)
+    kv[300] = 10
+    flag = lanes.new_error_flag()
+    error, _, kv_out = lanes.indptr_guard(lib, qo, kv, 700, 4000, flag)
+    assert not error
+    assert not torch.equal(kv_out, torch.cummax(kv, 0).values) and flag[0] == 0
