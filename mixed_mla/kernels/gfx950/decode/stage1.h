@@ -173,16 +173,16 @@ __device__ inline void wait_tile(int ahead, int wave) {
   }
 }
 
-// The K reads of Q.K one step (two MFMAs) ahead of their MFMAs: LLVM's model gives LDS reads a few cycles, so
-// left alone it reads an operand, waits for it and runs its MFMA, ten times a tile, each wait a full LDS latency.
-// The scheduling groups order the tile loop's block: the reads of the first two MFMAs, then each MFMA followed by
-// the reads of the one two places on (2 a K operand: two 16-byte halves, or the packed fp4 and its scale byte;
-// with Q in LDS one more, its two per step). tools/gfx950_mca.py counts the effect (docs/mi355x.md).
-template <bool Q_IN_LDS>
+// The K reads of Q.K AHEAD steps (2 AHEAD MFMAs) ahead of their MFMAs: LLVM's model gives LDS reads a few cycles,
+// so left alone it reads an operand, waits for it and runs its MFMA, ten times a tile, each wait a full LDS latency.
+// The scheduling groups order the tile loop's block: the reads of the first 2 AHEAD MFMAs, then each MFMA followed
+// by the reads of the one 2 AHEAD places on (2 a K operand: two 16-byte halves, or the packed fp4 and its scale
+// byte; with Q in LDS one more, its two per step). tools/gfx950_mca.py counts the effect (docs/mi355x.md).
+template <bool Q_IN_LDS, int AHEAD>
 __device__ inline void pipeline_k_reads() {
   constexpr int MFMA = 0x8, DS_READ = 0x100;   // LLVM's sched_group_barrier instruction classes
   constexpr int READS = Q_IN_LDS ? 3 : 2;
-  __builtin_amdgcn_sched_group_barrier(DS_READ, 2 * READS, 0);
+  __builtin_amdgcn_sched_group_barrier(DS_READ, 2 * AHEAD * READS, 0);
 #pragma unroll
   for (int j = 0; j < 2 * QK_STEPS; ++j) {
     __builtin_amdgcn_sched_group_barrier(MFMA, 1, 0);
@@ -273,7 +273,7 @@ __device__ inline void stage1(const DecodeParams& p) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) s[blk] = Cache::qk_step(tile, 16 * blk + n, step, g, q_step, s[blk]);
       }
-      pipeline_k_reads<Q_IN_LDS>();
+      pipeline_k_reads<Q_IN_LDS, k_steps_ahead(OCC, Cache::Q_ORDER == QOrder::SameAsK)>();
 
       // online softmax in log2 units; the tile has >= 1 valid token, so the new max is finite
       float x[2][4], tile_max = -__builtin_inff();
