@@ -370,3 +370,53 @@ def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
     error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
     assert not error
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_the_emulator_catches_occ4s_q_handed_over_without_an_lds_wait(tmp_path, ziglang, kv_format):
+    # occ4 as it was: wave 0 stores Q in LDS and the loop's bare s_barrier hands it to the other waves with no
+    # s_waitcnt lgkmcnt(0) (s_barrier does not wait for LDS stores: lds.barrier_visibility), so they may read it
+    # before it lands; the emulator poisons such stores at the barrier and the output must fail the bound
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    stage1 = src / "decode/stage1.h"
+    text = stage1.read_text()
+    handoff = "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n      workgroup_sync();\n"
+    assert text.count(handoff) == 1
+    stage1.write_text(text.replace(handoff, "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n"))
+    lib = lanes.build(src, tmp_path)
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    error, out = _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=4)
+    assert not error
+    assert not exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= 2 * BOUND[kv_format]
+
+
+@pytest.mark.parametrize("atomics", [1, 3])
+def test_the_emulator_counts_every_vector_memory_operation_in_vmcnt(lane_emulator, atomics):
+    # a direct-to-LDS load followed by global atomics: vmcnt(atomics) leaves only the atomics in flight, so the load
+    # has landed; one more left in flight keeps it poison (an emulator counting only direct-to-LDS loads retires
+    # nothing at vmcnt(1) after one load and fails the first half)
+    src = torch.arange(1024, dtype=torch.int32).to(torch.uint8)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics)
+    assert not error and torch.equal(lds, src)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics + 1)
+    assert not error and (lds == 0xFF).all()
+
+
+def test_the_emulator_catches_the_indptr_guards_scan_handed_over_without_an_lds_wait(tmp_path, ziglang):
+    # the indptr guard as it was: its max-scan stored in LDS and read by other waves after bare s_barriers; the
+    # poisoned hand-off loses the running max, so a decreasing entry is neither restored nor flagged
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    guard = src / "decode/indptr_guard.hip"
+    text = guard.read_text()
+    assert text.count("workgroup_sync();") == 4
+    guard.write_text(text.replace("workgroup_sync();", "barrier();"))
+    lib = lanes.build(src, tmp_path)
+    qo = torch.arange(0, 701, dtype=torch.int32)
+    kv = torch.arange(0, 701 * 5, 5, dtype=torch.int32)
+    kv[300] = 10
+    flag = lanes.new_error_flag()
+    error, _, kv_out = lanes.indptr_guard(lib, qo, kv, 700, 4000, flag)
+    assert not error
+    assert not torch.equal(kv_out, torch.cummax(kv, 0).values) and flag[0] == 0

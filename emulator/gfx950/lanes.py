@@ -112,6 +112,17 @@ def load_lds(lib, src, size, lds_len=1024):
     return ("" if rc == 0 else error.value.decode() or "failed"), lds
 
 
+def load_lds_then_atomics(lib, src, atomics, left):
+    """(error, 1 KiB of LDS) after one emulated 16-byte direct-to-LDS wave load from uint8 `src` (1 KiB), `atomics`
+    global atomics and s_waitcnt vmcnt(`left`)."""
+    src = src.contiguous()
+    lds = torch.zeros(1024, dtype=torch.uint8)
+    error = _error_buffer()
+    rc = lib.emu_load_lds_then_atomics(ctypes.c_void_p(src.data_ptr()), ctypes.c_long(src.numel()), atomics, left,
+                                       ctypes.c_void_p(lds.data_ptr()), 1024, error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), lds
+
+
 ATOMIC_OPS = {"or": 0, "min": 1}
 
 
