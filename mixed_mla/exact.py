@@ -11,8 +11,39 @@ import math
 
 import torch
 
-from .constants import V_HEAD_DIM
+from .constants import DEFAULT_SM_SCALE, V_HEAD_DIM
 from .exact_formats import decode
+
+
+def yarn_sm_scale(qk_head_dim: int, factor: float, mscale_all_dim: float) -> float:
+    """The softmax scale of a YaRN-extended model: qk_head_dim^-0.5 x mscale^2, mscale = 0.1 x mscale_all_dim x
+    ln(factor) + 1 (DeepSeek-V3's modeling code, the scale vLLM's and SGLang's MLA attention layers pass)."""
+    mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+    return qk_head_dim ** -0.5 * mscale * mscale
+
+
+# What DeepSeek-V3/R1 callers pass as sm_scale, not the problem's 1/sqrt(576): their config.json has
+# qk_nope_head_dim 128 + qk_rope_head_dim 64 (qk_head_dim 192) and rope_scaling {type yarn, factor 40,
+# mscale_all_dim 1.0}: 192^-0.5 x 1.3689^2 = 0.1352, 3.2x the problem's scale (sharper softmaxes).
+DEEPSEEK_YARN_SM_SCALE = yarn_sm_scale(qk_head_dim=192, factor=40.0, mscale_all_dim=1.0)
+# Two scales besides the problem's that every check of a compiled path runs (tests and the bound measurements):
+# DeepSeek's own, and a flat softmax (0.01, under a quarter of the problem's) where a kernel that ignores the scale
+# is as wrong in the other direction.
+FLAT_SM_SCALE = 0.01
+CHECKED_SM_SCALES = (DEFAULT_SM_SCALE, DEEPSEEK_YARN_SM_SCALE, FLAT_SM_SCALE)
+
+
+def scale_class(sm_scale: float) -> str:
+    """The class of an sm_scale, what a bound and a self-check verdict hold for: "default" the problem's 1/24 alone
+    (a kernel that ignores the caller's scale is right there and nowhere else), "below_default" the flatter softmaxes
+    under it, "up_to_yarn" the sharper ones up to DeepSeek's (DEEPSEEK_YARN_SM_SCALE), "above_yarn" beyond."""
+    if not (math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a finite positive number, got {sm_scale}")
+    if sm_scale == DEFAULT_SM_SCALE:
+        return "default"
+    if sm_scale < DEFAULT_SM_SCALE:
+        return "below_default"
+    return "up_to_yarn" if sm_scale <= DEEPSEEK_YARN_SM_SCALE else "above_yarn"
 
 # STRICT_BOUND[(kv_format, path)]: the largest relative L2 error against exact attention that path may show. The
 # problem's outputs are ~0.02 in magnitude, so the bound must fail a 4% error (an output scaled by 0.96 scores 0.04);
@@ -35,6 +66,12 @@ STRICT_BOUND = {
     ("bf16", "aiter"): 0.008, ("fp8", "aiter"): 0.038,
     ("bf16", "peer"): 0.012, ("fp8", "peer"): 0.038, ("mxfp4", "peer"): 0.012,
 }
+# The (kv_format, path) pairs that read Q as fp8: a score's rounding error grows with sm_scale, and a sharper softmax
+# passes more of it on, so STRICT_BOUND holds for them up to the problem's scale only.
+ROUNDS_Q = {("fp8", "hip_gfx950"), ("mxfp4", "hip_gfx950"), ("fp8", "aiter"), ("fp8", "peer")}
+# SHARP_SCALE_BOUND[(kv_format, path)]: a ROUNDS_Q pair's bound over the problem's scale up to DeepSeek's
+# (scale_class "up_to_yarn"), where measured; a pair without one has no bound there.
+SHARP_SCALE_BOUND = {("fp8", "hip_gfx950"): 0.065, ("mxfp4", "hip_gfx950"): 0.065}
 
 
 # LSE_BOUND[path]: the largest |lse - exact lse| (natural log, over the rows that attend something) that path may
@@ -51,9 +88,23 @@ STRICT_BOUND = {
 LSE_BOUND = {"torch": 0.003, "cuda_sm90": 0.003, "hip_gfx950": 0.1}
 
 
-def path_bounds(path: str) -> dict:
-    """{kv_format: bound} of one path's STRICT_BOUND entries."""
-    return {kv_format: bound for (kv_format, of_path), bound in STRICT_BOUND.items() if of_path == path}
+def path_bounds(path: str, sm_scale: float = DEFAULT_SM_SCALE) -> dict:
+    """{kv_format: bound} of one path's formats at this sm_scale (strict_bound's)."""
+    return {kv_format: strict_bound(kv_format, path, sm_scale) for (kv_format, of_path) in STRICT_BOUND
+            if of_path == path}
+
+
+def strict_bound(kv_format: str, path: str, sm_scale: float = DEFAULT_SM_SCALE) -> float:
+    """The strict bound of (kv_format, path) at this sm_scale: STRICT_BOUND, or for a ROUNDS_Q pair over the problem's
+    scale its SHARP_SCALE_BOUND; ValueError where none was measured (its Q rounding grows with the scale)."""
+    key = (kv_format, path)
+    bound = STRICT_BOUND[key]
+    if key not in ROUNDS_Q or scale_class(sm_scale) in ("default", "below_default"):
+        return bound
+    if scale_class(sm_scale) == "above_yarn" or key not in SHARP_SCALE_BOUND:
+        raise ValueError(f"no strict bound of {kv_format} on {path} was measured for sm_scale {sm_scale:.4g}: it "
+                         f"reads Q as fp8, whose error grows with the scale")
+    return SHARP_SCALE_BOUND[key]
 
 
 def exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, return_lse=False):
@@ -109,10 +160,10 @@ def lse_error(lse: torch.Tensor, ref_lse: torch.Tensor) -> float:
     return (lse64[finite] - ref64[finite]).abs().max().item() if finite.any() else 0.0
 
 
-def strict_verdict(out, ref, kv_format: str, path: str):
-    """(passed, error, bound): the relative L2 error of `out` against `ref` (exact attention) under the strict bound of
-    path `path` (a backend name) on the given cache format."""
-    bound = STRICT_BOUND[(kv_format, path)]
+def strict_verdict(out, ref, kv_format: str, path: str, sm_scale: float = DEFAULT_SM_SCALE):
+    """(passed, error, bound): the relative L2 error of `out` against `ref` (exact attention at sm_scale) under the
+    strict bound of path `path` (a backend name) on the given cache format at that scale."""
+    bound = strict_bound(kv_format, path, sm_scale)
     err = relative_l2(out, ref)
     return err <= bound, err, bound
 
@@ -124,4 +175,5 @@ def strict_error(out, q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale) ->
 
 def check_strict(out, q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path):
     """(passed, error, bound) of the strict check of path `path` (a backend name) on the given cache format."""
-    return strict_verdict(out, exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale), kv_format, path)
+    return strict_verdict(out, exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale), kv_format, path,
+                          sm_scale)
