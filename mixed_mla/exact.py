@@ -86,6 +86,19 @@ SHARP_SCALE_BOUND = {("fp8", "hip_gfx950"): 0.065, ("mxfp4", "hip_gfx950"): 0.06
 #     splits, fused; tests/test_hip_twin.py), rounding Q to e4m3 moving each score by a few hundredths; 2.5x -> 0.1.
 #   aiter's route does not write the LSE (SPEC.lse False): no entry.
 LSE_BOUND = {"torch": 0.003, "cuda_sm90": 0.003, "hip_gfx950": 0.1}
+# SHARP_SCALE_LSE_BOUND[path]: a path that rounds Q (ROUNDS_Q)'s LSE bound over the problem's scale up to DeepSeek's.
+SHARP_SCALE_LSE_BOUND = {"hip_gfx950": 0.3}
+
+
+def lse_bound(path: str, sm_scale: float = DEFAULT_SM_SCALE) -> float:
+    """The LSE bound of `path` at this sm_scale (strict_bound's rule: a path that rounds Q has its own over the
+    problem's scale, and none past DeepSeek's)."""
+    rounds_q = any(of_path == path for _, of_path in ROUNDS_Q)
+    if not rounds_q or scale_class(sm_scale) in ("default", "below_default"):
+        return LSE_BOUND[path]
+    if scale_class(sm_scale) == "above_yarn" or path not in SHARP_SCALE_LSE_BOUND:
+        raise ValueError(f"no LSE bound of {path} was measured for sm_scale {sm_scale:.4g}: it reads Q as fp8")
+    return SHARP_SCALE_LSE_BOUND[path]
 
 
 def path_bounds(path: str, sm_scale: float = DEFAULT_SM_SCALE) -> dict:

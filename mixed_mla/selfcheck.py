@@ -48,7 +48,7 @@ from typing import NamedTuple
 import torch
 
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
-from .exact import LSE_BOUND, exact_attention, lse_error, scale_class, strict_bound, strict_verdict
+from .exact import exact_attention, lse_bound, lse_error, scale_class, strict_bound, strict_verdict
 from .formats import as_uint8, quantize_fp8, quantize_mxfp4
 
 ENV_SWITCH = "MLA_SELFCHECK"
@@ -255,6 +255,8 @@ def _check(run, plan, device, layout, sm_scale, return_lse=False, page_size=None
     q, rows, cache, qo, kvp = _poisoned(plan.kv_format, device, segments, num_heads, poison_rows)
     try:
         strict_bound(plan.kv_format, plan.backend, sm_scale)
+        if return_lse:
+            lse_bound(plan.backend, sm_scale)
     except ValueError as error:   # no bound at this scale: nothing can vouch for the path
         return str(error)
     ref, ref_lse = exact_attention(q, cache, plan.kv_format, qo, kvp, sm_scale, return_lse=True)
@@ -282,7 +284,7 @@ def _check(run, plan, device, layout, sm_scale, return_lse=False, page_size=None
             return (f"{splits} the relative L2 error {err:.3g} against exact attention exceeds the strict bound "
                     f"{bound} (sm_scale {sm_scale:.4g})")
         if return_lse:
-            err, bound = lse_error(extra["lse"], ref_lse), LSE_BOUND[plan.backend]
+            err, bound = lse_error(extra["lse"], ref_lse), lse_bound(plan.backend, sm_scale)
             if not err <= bound:
                 return f"{splits} the LSE is {err:.3g} (natural log) from the exact one, over the bound {bound}"
     return None

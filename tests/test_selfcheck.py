@@ -430,3 +430,25 @@ def test_the_appended_view_is_the_paged_view(kv_format):
     as_bits = (lambda t: t.view(torch.int16)) if kv_format == "bf16" else (lambda t: t)   # NaN != NaN as values
     assert all(torch.equal(as_bits(a), as_bits(b)) for a, b in zip(selfcheck._row_parts(placed[0], kv_format),
                                                                      selfcheck._row_parts(appended[0], kv_format)))
+
+
+def test_plans_check_at_the_scale_the_caller_plans_with(monkeypatch):
+    """api.plan and plan_paged pass their sm_scale to the self-check: a backend that ignores the scale keeps the
+    problem's scale and is routed away at DeepSeek's."""
+    wrong = types.SimpleNamespace(run=ignores_sm_scale(torch_ref.run), run_paged=ignores_sm_scale(torch_ref.run_paged))
+    real_module = backends.module
+    monkeypatch.setattr(backends, "module", lambda name: wrong if name == "cuda_sm90" else real_module(name))
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
+    monkeypatch.setattr(paged, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
+    qo, kvp = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([0, 40, 100], dtype=torch.int32)
+    table, lens = torch.zeros(2, 4, dtype=torch.int32), torch.tensor([40, 60], dtype=torch.int32)
+    assert api.plan(qo, kvp, num_heads=16, kv_format="fp8").plan.backend == "cuda_sm90"
+    with pytest.warns(RuntimeWarning, match="sm_scale class up_to_yarn"):
+        planned = api.plan(qo, kvp, num_heads=16, kv_format="fp8", sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+    assert planned.plan.backend == "torch"
+    with pytest.warns(RuntimeWarning, match="paged cache of page size 16.*sm_scale class below_default"):
+        planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16,
+                                   sm_scale=exact.FLAT_SM_SCALE)
+    assert planned.plan.backend == "torch"
