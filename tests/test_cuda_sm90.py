@@ -154,7 +154,7 @@ def test_a_kernel_that_ignores_sm_scale_fails_at_the_callers_scale(tmp_path, mon
         torch.cuda.synchronize()
         err = exact.strict_error(out, q, cache, "fp8", qo, kvi, sm_scale)
         assert (err < TIGHT_BOUND) == (name == "default"), (name, err)
-        assert name == "default" or err > 0.3
+        assert name == "default" or err > 10 * TIGHT_BOUND   # 0.64 at DeepSeek's, 0.17 at 0.01 on the self-check layout
         assert selfcheck.verified("cuda_sm90", run, plan, "cuda", sm_scale=sm_scale) == (name == "default")
 
 
