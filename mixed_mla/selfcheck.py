@@ -1,7 +1,7 @@
 """Run-time self-check of a compiled backend: the first use of a geometry (first_use_key) in a process runs it
 once on a small poisoned layout at the call's own sm_scale and compares its output with exact attention
 (mixed_mla.exact) under the strict bound of that scale, and, when the call asks for it, its log-sum-exp with the exact
-one under exact.LSE_BOUND.
+one under the LSE bound of that scale (exact.strict_bound, exact.lse_bound).
 
 Why: the gfx950 kernels were only compiled, never executed, before their first MI355X run (and any compiled
 kernel can meet a driver, compiler or hardware difference its tests never saw). A failed check costs one warning
@@ -16,6 +16,7 @@ read by the kernel, against the oracle's decode of the rows the check quantised 
 
 The torch backend is not checked at run time (docs/measuring.md#the-self-check says why); its arithmetic runs through
 these same checks in CI (tests/test_selfcheck.py), at its own bound.
+
 The key, stated here once (api.py, the backends and docs/design.md refer to it): one verdict per FirstUseKey, i.e.
 per value of everything that changes which kernel runs or what it reads --
     backend, variant, kv_format;
