@@ -378,28 +378,28 @@ def test_the_key_tells_paged_from_contiguous_page_sizes_and_the_lse():
 # ---- the append case: run_paged on pages whose rows append_paged wrote ----
 
 def _doubled_fp8_scale(encoded):
-    def wrong(rows, kv_format, scale):
-        return encoded(rows, kv_format, None if scale is None else scale * 2)
+    def wrong(rows, kv_format, fp8_rounding, scale):
+        return encoded(rows, kv_format, fp8_rounding, None if scale is None else scale * 2)
     return wrong
 
 
 def _mxfp4_scales_raised(encoded):
-    def wrong(rows, kv_format, scale):
-        parts = encoded(rows, kv_format, scale)
+    def wrong(rows, kv_format, fp8_rounding, scale):
+        parts = encoded(rows, kv_format, fp8_rounding, scale)
         return parts if kv_format != "mxfp4" else [parts[0], parts[1] + 1]
     return wrong
 
 
 def _one_slot_late(write):
-    def wrong(parts, new_bytes, slots, writable, page_size):
-        write(parts, new_bytes, slots + 1, writable, page_size)
+    def wrong(kv_c, k_pe, cache, slot_mapping, *rest):
+        write(kv_c, k_pe, cache, slot_mapping + 1, *rest)
     return wrong
 
 
 APPEND_MUTATIONS = {   # what the old self-check never ran: each is right on pages the check placed itself
     "fp8 scale doubled": ("_encoded", _doubled_fp8_scale, "fp8"),
     "mxfp4 block scales one exponent high": ("_encoded", _mxfp4_scales_raised, "mxfp4"),
-    "rows written one slot late": ("_write", _one_slot_late, "bf16"),
+    "rows written one slot late": ("torch_write", _one_slot_late, "bf16"),
 }
 
 
