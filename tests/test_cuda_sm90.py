@@ -130,7 +130,7 @@ def _kernels_ignoring_sm_scale(tmp_path):
                        cpp_sources=[read(f"{cuda_sm90.KERNEL_DIR}/binding.cpp")],
                        cuda_sources=[(src / "decode.cu").read_text()], functions=["forward"],
                        extra_include_paths=[str(src), str(materialize(COMMON_DIR))],
-                       extra_cuda_cflags=cuda_sm90.ARCH_FLAGS + ["-O3", "-std=c++17"], no_implicit_headers=True,
+                       extra_cuda_cflags=[*cuda_sm90.ARCH_FLAGS, "-O3", "-std=c++17"], no_implicit_headers=True,
                        build_directory=str(src))
 
 
