@@ -174,7 +174,7 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
          backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None,
-         batch_invariant=False) -> DecodePlan:
+         batch_invariant=False, sm_scale=DEFAULT_SM_SCALE) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -192,6 +192,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     batch_invariant: the module docstring; max_kv_len must then bound every segment (as when it is read).
     No device->host copy when max_q_len and max_kv_len are given: an indptr violation a compiled kernel recorded is
     raised by validate.raise_device_errors, or by a run / decode with validate=True (validate.py), never here.
+    sm_scale: the softmax scale the runs will pass (DeepSeek's callers: qk_head_dim^-0.5 x mscale^2): a compiled
+    backend's first-use self-check runs at it, one verdict per class of scale (selfcheck.py).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
     if kv_format is not None:
@@ -205,7 +207,7 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     max_q_len, max_kv_len, read_kv_lens = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
-                            strict, batch_invariant)
+                            strict, batch_invariant, sm_scale)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, workspace)
 
 
@@ -227,7 +229,7 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     max_q_len, max_kv_len, _ = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
                    max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict,
-                   batch_invariant=batch_invariant)
+                   batch_invariant=batch_invariant, sm_scale=sm_scale)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
@@ -241,7 +243,7 @@ def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None, return_lse=False,
-           strict=False, batch_invariant=False):
+           strict=False, batch_invariant=False, sm_scale=DEFAULT_SM_SCALE):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
     Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
@@ -252,7 +254,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     arch = device_arch(device)
     chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, batch_invariant),
                         arch, kv_lens)
-    problem = route_problem(chosen, device, num_heads, max_q_len, return_lse)
+    problem = route_problem(chosen, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
     if problem is None:
         return chosen, backends.module(chosen.backend)
     if backend is not None or forced_backend() is not None:
@@ -266,7 +268,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
                                        batch_invariant), arch, kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
-        alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse)
+        alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
         if alternative_problem is None:
             return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
         report_fallback(alternative, alternative_problem, strict)
@@ -284,9 +286,11 @@ def fit_layout(plan: Plan, arch, kv_lens):
     return plan if fit is None else fit(plan, arch, kv_lens)
 
 
-def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False, page_size=None):
+def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False, page_size=None,
+                  sm_scale=DEFAULT_SM_SCALE):
     """None when plan.backend can serve this decode, else why not. page_size: None for a contiguous cache, else the
-    paged cache's (paged.py checks the paged entry point first): the self-check then runs the backend's run_paged."""
+    paged cache's (paged.py checks the paged entry point first): the self-check then runs the backend's run_paged.
+    sm_scale: the runs' (the self-check runs at it)."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
@@ -298,20 +302,21 @@ def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse
         refuse = getattr(backends.module(plan.backend), "plan_problem", None)
         reason = None if refuse is None else refuse(plan, device_arch(device), num_heads, max_q_len)
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS and not _self_checked(
-            plan, device, num_heads, max_q_len, return_lse, page_size):
+            plan, device, num_heads, max_q_len, return_lse, page_size, sm_scale):
         reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
     return reason
 
 
-def _self_checked(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, page_size) -> bool:
+def _self_checked(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, page_size, sm_scale) -> bool:
     """selfcheck's verdict on the entry point this decode calls: run (contiguous) or run_paged (page_size given)."""
     module = backends.module(plan.backend)
     if page_size is not None:
         return selfcheck.verified_paged(plan.backend, module.run_paged, plan, device, page_size, num_heads, max_q_len,
-                                        return_lse)
+                                        return_lse, sm_scale)
     layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
               if hasattr(module, "selfcheck_layout") else None)
-    return selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse)
+    return selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse,
+                              sm_scale)
 
 
 def report_fallback(backend_name: str, reason: str, strict: bool) -> None:

@@ -220,16 +220,17 @@ class PagedDecodePlan(api.PlanGeometry):
 
 def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
                device=None, backend=None, return_lse=False, strided_pages=False, strict=False,
-               workspace=None, batch_invariant=False) -> PagedDecodePlan:
+               workspace=None, batch_invariant=False, sm_scale=DEFAULT_SM_SCALE) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
     max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
     launch hint only (the KV length the planner sizes splits for; default the block table's reach, max_pages x
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
-    raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
-    api.plan's. batch_invariant: as api.plan's (max_kv_len must then bound every sequence; the default does).
-    No device->host copy when max_q_len is given (api.plan's rule for recorded violations).
+    raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, and
+    sm_scale the runs' (the self-check runs at it), as api.plan's. batch_invariant: as api.plan's (max_kv_len must
+    then bound every sequence; the default does). No device->host copy when max_q_len is given (api.plan's rule for
+    recorded violations).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)
     check_kv_format(kv_format)
@@ -248,7 +249,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
         max_q_len = max(1, longest)
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
-                            return_lse, strided_pages, strict, batch_invariant)
+                            return_lse, strided_pages, strict, batch_invariant, sm_scale)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
                            strided_pages, workspace)
 
@@ -268,12 +269,13 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
     planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=kv_format,
                          page_size=cache.page_size, max_q_len=max(1, longest_q), max_kv_len=longest_kv,
                          device=q.device, backend=backend, return_lse=return_lse,
-                         strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant)
+                         strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant,
+                         sm_scale=sm_scale)
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,
-           strict, batch_invariant=False):
+           strict, batch_invariant, sm_scale):
     """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
     Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
     error); a forced backend that cannot serve raises."""
@@ -284,7 +286,8 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
     for name in names:
         try:
             plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name, batch_invariant)
-            problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages)
+            problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages,
+                                     sm_scale)
         except ValueError as error:   # this backend cannot read the format
             plan, problem = None, str(error)
         if problem is None:
@@ -297,7 +300,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
 
 
 def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size: int, return_lse: bool,
-                   strided_pages: bool):
+                   strided_pages: bool, sm_scale: float):
     """None when plan.backend can serve this paged decode, else why not: a paged entry point, strided pages when
     asked for, then api.route_problem's checks, its self-check running run_paged at this page size."""
     reason = backends.unavailable_reason(plan.backend, str(device))
@@ -305,4 +308,4 @@ def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size
         reason = f"backend {plan.backend!r} reads contiguous caches only"
     if reason is None and strided_pages and not backends.spec(plan.backend).strided_pages:
         reason = STRIDED_PAGES_REASON
-    return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size)
+    return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size, sm_scale)

@@ -25,16 +25,18 @@ qo_indptr = torch.tensor([0, 1, 3], dtype=torch.int32)
 kv_indptr = torch.tensor([0, 8, 40], dtype=torch.int32)
 reference = exact.exact_attention(q, kv, "bf16", qo_indptr, kv_indptr, 1 / 24)
 planned = mixed_mla.plan(qo_indptr, kv_indptr, num_heads=16, kv_format="bf16")
-assert exact.relative_l2(planned.run(q, kv, qo_indptr, kv_indptr), reference) < 0.02
+# the torch backend's strict bound (worst measured 0.0019: benchmarks/results/bounds/torch.json), not a loose 0.02
+bound = exact.STRICT_BOUND[("bf16", "torch")]
+assert exact.relative_l2(planned.run(q, kv, qo_indptr, kv_indptr), reference) <= bound
 out = mixed_mla.decode(q, kv, qo_indptr, kv_indptr, kv_format="bf16")
-assert exact.relative_l2(out, reference) < 0.02
+assert exact.relative_l2(out, reference) <= bound
 # the same 40 rows as 5 pages of 8, the second sequence's pages in reverse order
 pages = kv.view(5, 8, 576)
 block_table = torch.tensor([[0, -1, -1, -1], [4, 3, 2, 1]], dtype=torch.int32)
 reordered = torch.cat([kv[:8], kv[32:40], kv[24:32], kv[16:24], kv[8:16]]).view(5, 8, 576)
 seq_lens = torch.tensor([8, 32], dtype=torch.int32)
 out = mixed_mla.decode_paged(q, reordered, qo_indptr, block_table, seq_lens, kv_format="bf16")
-assert exact.relative_l2(out, reference) < 0.02
+assert exact.relative_l2(out, reference) <= bound
 
 expected_sources = sorted(p.relative_to(repository_package / "kernels").as_posix()
                           for p in (repository_package / "kernels").rglob("*") if p.suffix in kernels.SOURCE_SUFFIXES)

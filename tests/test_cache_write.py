@@ -257,7 +257,8 @@ KERNEL_CASES = [("bf16", "single"), ("fp8", "single"), ("fp8", "double"), ("mxfp
 def test_the_sm90_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype):
     """The same call through append.kernel_write and append.torch_write on the GPU: equal caches, and both equal the
     references; a slot past the cache flags the same bit in both. The kernel is one launch per call."""
-    kernel = append._kernel(torch.device("cuda"))
+    device = torch.device("cuda", torch.cuda.current_device())   # indexed, as the tensors' device reads
+    kernel = append._kernel(device)
     assert kernel is not None, "the sm90 cache-write kernel did not build"
     case = make_case(n=75, seed=7, device="cuda", slot_dtype=slot_dtype)
     slots = case.slots.clone()
@@ -268,7 +269,7 @@ def test_the_sm90_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_d
         append.append_error_flag("cuda").zero_()
         cache = empty_cache(kv_format, "cuda", page_gap=2)
         parsed = paged.paged_cache_of((cache, scale) if kv_format == "fp8" else cache, kv_format,
-                                      torch.device("cuda"), anchor="kv_c")
+                                      device, anchor="kv_c")
         n = slots.shape[0]
         writer(case.kv_c[:n], case.k_pe[:n], parsed, slots, kv_format, rounding,
                None if scale is None else scale.reshape(()), append.append_error_flag("cuda"))

@@ -57,9 +57,9 @@ def _map(cache, fn):
     return tuple(fn(t) for t in cache) if isinstance(cache, tuple) else fn(cache)
 
 
-def _error(out, case, kv_format):
+def _error(out, case, kv_format, sm_scale=DEFAULT_SM_SCALE):
     q, _, contiguous, qo, kvi, _, _ = case
-    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, sm_scale)
 
 
 def _decode(case, kv_format, device, backend):
@@ -202,6 +202,26 @@ def test_paged_lse_is_the_natural_log_sum_exp(target, kv_format):
     assert _error(out, case, kv_format) <= exact.STRICT_BOUND[(kv_format, backend)]
     assert exact.lse_error(lse, ref_lse) <= exact.LSE_BOUND[backend]
     assert exact.lse_error(lse / math.log(2), ref_lse) > 10 * exact.LSE_BOUND[backend]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("sm_scale", [exact.DEEPSEEK_YARN_SM_SCALE, exact.FLAT_SM_SCALE], ids=["yarn", "flat"])
+def test_paged_decode_at_the_callers_scale(target, kv_format, sm_scale):
+    """The plan checks and the run decodes at the caller's sm_scale (DeepSeek's YaRN scale, a flat one): output and
+    LSE against exact attention at that scale."""
+    device, backend = target
+    case = make_paged_case([1, 2, 3, 4], [1, 64, 130, 17], 16, 16, kv_format, seed=13, device=device)
+    q, cache, contiguous, qo, kvi, table, lens = case
+    return_lse = backends.spec(backend).lse
+    planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format=kv_format, page_size=16, backend=backend,
+                               return_lse=return_lse, sm_scale=sm_scale)
+    result = planned.run(q, cache, qo, table, lens, sm_scale=sm_scale)
+    out = result[0] if return_lse else result
+    assert _error(out, case, kv_format, sm_scale) <= exact.strict_bound(kv_format, backend, sm_scale)
+    if return_lse:
+        _, ref_lse = exact.exact_attention(q, contiguous, kv_format, qo, kvi, sm_scale, return_lse=True)
+        assert exact.lse_error(result[1], ref_lse) <= exact.lse_bound(backend, sm_scale)
 
 
 def _strided(cache, extra_rows):

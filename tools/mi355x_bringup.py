@@ -463,8 +463,8 @@ def measured_errors(selfcheck, into: list):
     shows the error too): selfcheck's strict_verdict, wrapped while the block runs."""
     verdict = selfcheck.strict_verdict
 
-    def recording(out, ref, kv_format, path):
-        passed, error, bound = verdict(out, ref, kv_format, path)
+    def recording(*args):
+        passed, error, bound = verdict(*args)
         into.append(error)
         return passed, error, bound
 

@@ -252,6 +252,23 @@ FACTS = (
          "unordered",
          (f"{ISA}, section 7.1", "ROCm blog 'Matrix Core Programming on AMD CDNA3 and CDNA4 architecture'"),
          "medium", bet_by="none: the strict bound leaves room for any summation order"),
+    Fact("lds.barrier_visibility",
+         "s_barrier synchronises execution only: it does not wait for the wave's outstanding LDS operations, which "
+         "lgkmcnt counts (bits 11:8 of s_waitcnt) and which complete in issue order. A wave's ds_write reaches the "
+         "other waves after a barrier only if the wave ran s_waitcnt lgkmcnt(0) before it; LLVM's workgroup-scope "
+         "release fence is that wait (plus vmcnt(0) while direct-to-LDS loads are in flight), and on gfx950 LLVM "
+         "adds no wait before s_barrier of its own.",
+         {"lgkmcnt": (8, 4), "barrier_waits_for_lds": False},
+         (f"{ISA}, S_BARRIER (waits for the workgroup's waves, not for memory counters) and S_WAITCNT (LGKM_CNT: "
+          "LDS, GDS, constant and message operations)",
+          "llvm/llvm-project llvm/docs/AMDGPUUsage.rst, 'Memory Model GFX942' (LDS operations complete in "
+          "execution order per wave; fence release at workgroup scope is s_waitcnt lgkmcnt(0))",
+          "llvm/llvm-project SIInsertWaitcnts.cpp (no implicit wait before S_BARRIER on targets with "
+          "FeatureBackOffBarrier, which gfx950 has; pull 154970)",
+          "this repository: clang 22's gfx950 code for the bare s_barrier after a ds_write (occ4's Q, the indptr "
+          "guard's scan, before workgroup_sync) had no lgkmcnt wait between them (tools/gfx950_code_object.py)"),
+         "high", bet_by="every plain LDS hand-off (prelude.h workgroup_sync: occ4's Q, the fused verdict, the indptr "
+                        "guard's scan)"),
 )
 
 BY_KEY = {f.key: f for f in FACTS}
@@ -388,6 +405,11 @@ def header(overrides=None) -> str:
                                                            value("fence.agent", overrides)["visible_scopes"]) + "};",
         f"constexpr bool FENCE_RELEASES_OWN_WAVE_ONLY = "
         f"{str(value('fence.agent', overrides)['own_wave_only']).lower()};",
+        "// s_waitcnt's lgkmcnt field; whether s_barrier waits for LDS stores (else an unreleased one is poison)",
+        f"constexpr int LGKMCNT_SHIFT = {value('lds.barrier_visibility', overrides)['lgkmcnt'][0]}, "
+        f"LGKMCNT_BITS = {value('lds.barrier_visibility', overrides)['lgkmcnt'][1]};",
+        "constexpr bool BARRIER_WAITS_FOR_LDS = "
+        f"{str(value('lds.barrier_visibility', overrides)['barrier_waits_for_lds']).lower()};",
         "}  // namespace mla_facts",
     ]
     return "\n".join(lines) + "\n"
