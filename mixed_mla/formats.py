@@ -26,6 +26,13 @@ _EXPONENT_MASK = -0x800000  # 0xFF800000 as int32: sign + exponent bits
 # e2m1's largest exponent is 2 (6.0 = 1.5 * 2^2): the block exponent is the amax exponent minus this.
 _E2M1_MAX_EXPONENT = 2
 _E8M0_MIN_EXP, _E8M0_MAX_EXP = -127, 127
+_FLOAT32_TWO_TO_MINUS_127 = 0x00400000   # a subnormal: the exponent field cannot hold it
+
+
+def _exact_pow2(biased: torch.Tensor) -> torch.Tensor:
+    """float32 2^(b - 127) of int32 biased exponents b in 0..255, built from the bits (255: inf, as exp2(128)): a GPU's
+    exp2 may miss a power of two by an ulp, which moves a value on an e2m1 midpoint to the code below."""
+    return torch.where(biased == 0, _FLOAT32_TWO_TO_MINUS_127, biased << 23).view(torch.float32)
 
 
 def as_uint8(t: torch.Tensor) -> torch.Tensor:
@@ -73,9 +80,11 @@ def encode_mxfp4_rows(rows: torch.Tensor):
     Each row is encoded on its own, so any subset of rows gets the bytes the whole cache's encoding gives it."""
     x = rows.reshape(rows.shape[0], MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK).to(torch.float32)
     amax_bits = x.abs().amax(dim=-1, keepdim=True).view(torch.int32)
-    snapped = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK).view(torch.float32)
-    exponent = (torch.log2(snapped).floor() - _E2M1_MAX_EXPONENT).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
-    scaled = x * torch.exp2(-exponent)
+    # log2 of the snapped amax (0, a power of two, or inf / NaN) read off its exponent bits: 0 -> -inf, 255 -> inf
+    biased = ((amax_bits + _AMAX_ROUND_BIAS) & _EXPONENT_MASK) >> 23 & 0xFF
+    exponent = torch.where(biased == 0, _E8M0_MIN_EXP, biased - 127 - _E2M1_MAX_EXPONENT)
+    exponent = torch.where(biased == 0xFF, _E8M0_MAX_EXP, exponent).clamp(_E8M0_MIN_EXP, _E8M0_MAX_EXP)
+    scaled = x * _exact_pow2(E8M0_BIAS - exponent)
     midpoints = torch.tensor(_E2M1_MIDPOINTS, dtype=torch.float32, device=x.device)
     magnitude_code = torch.bucketize(scaled.abs(), midpoints, right=True).to(torch.uint8)
     codes = (magnitude_code | (torch.signbit(scaled).to(torch.uint8) << 3)).reshape(x.shape[0], QK_HEAD_DIM)
@@ -106,8 +115,8 @@ def dequantize_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
     values = table[codes & 0x7]
     values = torch.where((codes & 0x8) != 0, -values, values)
-    exponent = as_uint8(scales)[:n, :MXFP4_BLOCKS_PER_ROW].to(torch.float32) - E8M0_BIAS
-    values = values.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK) * torch.exp2(exponent).unsqueeze(-1)
+    biased = as_uint8(scales)[:n, :MXFP4_BLOCKS_PER_ROW].to(torch.int32)
+    values = values.reshape(n, MXFP4_BLOCKS_PER_ROW, MXFP4_BLOCK) * _exact_pow2(biased).unsqueeze(-1)
     return values.reshape(n, 1, QK_HEAD_DIM)
 
 

@@ -94,7 +94,13 @@ def _expected_mxfp4(rows):
 
 def _rule_bytes(rows, kv_format):
     """(uint8 rows of each part as the format's rule encodes them, the fp8 scale (amax / 448, in bf16 as the generator
-    computes it) or None)."""
+    computes it) or None), on rows' device. Computed on the CPU, whose float64 pow and frexp are exact: a GPU's pow
+    may miss 2^k by an ulp, which moves a value sitting on an e2m1 midpoint to the code below."""
+    parts, scale = _rule_bytes_on_cpu(rows.cpu(), kv_format)
+    return [part.to(rows.device) for part in parts], None if scale is None else scale.to(rows.device)
+
+
+def _rule_bytes_on_cpu(rows, kv_format):
     if kv_format == "bf16":
         return [rows.view(torch.uint8)], None
     if kv_format == "fp8":

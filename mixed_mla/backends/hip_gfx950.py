@@ -45,7 +45,8 @@ FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
 FORMATS_WITH_EVIDENCE = ("fp8",)                # the seed's measured fp8 design; mxfp4 never ran on an MI355X
 # "format:variant" patterns (fnmatch, comma-separated) of variants turned off: the hardware probes
-# (tools/gfx950_probes.py, the bring-up's first step) write those whose design bets on a contradicted fact.
+# (tools/gfx950_probes.py, a bring-up step after the code-object checks) write those whose design bets on a
+# contradicted or unsettled fact; the code-object step those whose kernel fails its checks.
 DISABLE_ENV = "MLA_GFX950_DISABLE"
 OCCUPANCY = {"occ2": 2, "occ3": 3, "occ4": 4}   # Plan.variant -> workgroups per CU (config.h)
 FUSED = {"fused_occ2": 2, "fused_occ3": 3, "fused_occ4": 4}   # the same, merge fused in (stage1_fused_fp8_occN)
