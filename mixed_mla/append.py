@@ -21,7 +21,10 @@ writer rounds it (formats.encode_ds_mla_rows), by torch on every device.
 
 One implementation, two engines of it: on sm_90a one fused kernel per call (kernels/sm90/cache_write/, built ahead of
 time or JIT like the decode), elsewhere torch ops (vectorised, no Python loop over rows); tests/test_cache_write.py
-holds them bitwise equal. gfx950 runs the torch path (no HIP kernel yet).
+holds them bitwise equal. gfx950 has its kernel too (kernels/gfx950/cache_write/, held bitwise equal to the torch
+writer with its source run on CPU lanes by tests/test_gfx950_cache_write.py) but has not run on an MI355X: it writes
+only with MLA_GFX950_CACHE_WRITE=1 (read at each call), else torch does (tools/mi355x_bringup.py compares the two
+there).
 
 Bad input: dtypes, shapes and devices raise before any write. A slot past the cache and a non-positive or non-finite
 fp8 scale are checked on the host (CPU tensors by default, or validate=True anywhere: a ValueError before any write,
@@ -31,6 +34,7 @@ cache is not written, a bad scale writes nothing, and the violation is recorded 
 engines' kernels, a slot given twice on the device path holds bytes of either row).
 """
 import functools
+import os
 import warnings
 
 import torch
@@ -45,8 +49,10 @@ KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp
                    DS_MLA_FORMAT: DS_MLA_FORMAT}   # vLLM names DeepSeek-V3.2's 656-byte cache "fp8_ds_mla" too
 FP8_ROUNDINGS = ("single", "double")
 SLOT_DTYPES = (torch.int64, torch.int32)         # vLLM's slot_mapping is int64; int32 is accepted too
-KERNEL_DIR = "sm90/cache_write"
-# Format codes of the kernel (kernels/sm90/cache_write/config.h CacheFormat).
+# The fused kernels by the arch they serve (an arch absent here writes with torch ops).
+KERNEL_DIRS = {"sm90": "sm90/cache_write", "gfx950": "gfx950/cache_write"}
+GFX950_OPT_IN = "MLA_GFX950_CACHE_WRITE"   # "1": gfx950 writes with its kernel (emulated, never run on an MI355X)
+# Format codes of the kernels (kernels/{sm90,gfx950}/cache_write/config.h CacheFormat).
 KERNEL_FORMATS = {("bf16", "single"): 0, ("bf16", "double"): 0, ("fp8", "single"): 1, ("fp8", "double"): 2,
                   ("mxfp4", "single"): 3, ("mxfp4", "double"): 3}
 # Violation bits of the append flag, as the device-side checks (torch's and the kernel's) set them.
@@ -94,7 +100,7 @@ def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> N
 
 
 def _write(kv_c, k_pe, kv_cache, slot_mapping, kv_format, fp8_rounding, validate) -> None:
-    """Both entry points' body: the checks, then one writer (the sm90 kernel, else torch)."""
+    """Both entry points' body: the checks, then one writer (the device's fused kernel, else torch)."""
     if not isinstance(kv_c, torch.Tensor):
         raise TypeError(f"kv_c must be a torch.Tensor, got {type(kv_c).__name__}")
     device = kv_c.device
@@ -171,7 +177,7 @@ def _parts(cache):
 
 
 def torch_write(kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale, flag) -> None:
-    """The writer on every device but sm_90a: torch ops, no sync. flag None: the host checked everything; else the
+    """The writer wherever no fused kernel serves: torch ops, no sync. flag None: the host checked everything; else the
     violations are found on the device, ORed into `flag`, and a violating row (or, for a bad scale, every row) is not
     written: it is redirected to the first writable row's slot carrying that row's bytes, so every index is in bounds
     and repeated indices carry identical bytes; with no writable row, every index is the first slot clamped into the
@@ -197,19 +203,37 @@ def torch_write(kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale,
         dest.index_put_((page, offset), torch.where(any_writable, new[source], there))
 
 
-# ---- the sm90 kernel ----
+# ---- the fused kernels (sm90; gfx950 opted in) ----
+
+def _kernel(device: torch.device):
+    """The fused cache-write module that serves `device` (sm_90 under a CUDA torch; gfx950 under a ROCm torch with
+    GFX950_OPT_IN=1), else None: the torch writer."""
+    arch = _kernel_arch(device)
+    if arch is None or (arch == "gfx950" and os.environ.get(GFX950_OPT_IN) != "1"):
+        return None
+    return load_kernel(arch)
+
 
 @functools.lru_cache(maxsize=None)   # bounded: one entry per device
-def _kernel(device: torch.device):
-    """The sm90 cache-write module where it serves `device` (an sm_90 GPU under a CUDA torch), else None: the torch
-    writer (a failed build is reported once, as a decode backend's fallback is)."""
-    if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device) != (9, 0):
+def _kernel_arch(device: torch.device):
+    """The KERNEL_DIRS arch of `device`, or None."""
+    if device.type != "cuda":
         return None
+    if torch.version.hip is None:
+        return "sm90" if torch.cuda.get_device_capability(device) == (9, 0) else None
+    arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    return arch if arch in KERNEL_DIRS else None
+
+
+@functools.lru_cache(maxsize=None)   # bounded: one entry per arch
+def load_kernel(arch: str):
+    """The module of KERNEL_DIRS[arch], built or loaded once; None when it fails to build (reported once, as a decode
+    backend's fallback is): the torch writer."""
     from . import kernels
     try:
-        return kernels.load(KERNEL_DIR)
+        return kernels.load(KERNEL_DIRS[arch])
     except Exception as error:
-        warnings.warn(f"the sm90 cache-write kernel failed to build ({type(error).__name__}: {error}); caches are "
+        warnings.warn(f"the {arch} cache-write kernel failed to build ({type(error).__name__}: {error}); caches are "
                       f"written by torch ops", RuntimeWarning)
         return None
 
@@ -221,7 +245,7 @@ def _none(device, dtype):
 
 
 def kernel_write(kernel, kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale, flag) -> None:
-    """torch_write's contract in one launch of the sm90 kernel, on the current stream. The kernel checks every row
+    """torch_write's contract in one launch of a fused kernel, on the current stream. The kernel checks every row
     whatever `flag` says (a host-checked call sets no bit), so it always gets the device's append flag."""
     device = kv_c.device
     parts = _parts(cache)

@@ -4,8 +4,9 @@ The fp8 references are written here from the convention, not through torch's flo
 enumerated from its bit layout and each float32 quotient, saturated to +-448, takes the nearest grid value (ties to
 the even code). Single rounding (the default) is that of x / scale; double rounding (the generator's) that of the
 quotient rounded to bf16 first. bf16 rows are written as they are, MXFP4 rows as formats.quantize_mxfp4 writes the
-whole cache (golden-tested against the generator). On an sm_90 GPU the fused kernel is held bitwise equal to the torch
-writer, is one kernel launch per call and syncs nothing.
+whole cache (golden-tested against the generator). On an sm_90 or gfx950 GPU the fused kernel is held bitwise equal to
+the torch writer, is one kernel launch per call and syncs nothing (gfx950's, until an MI355X runs this, only on the
+lane emulator: tests/test_gfx950_cache_write.py; the bring-up's cache-write step runs these tests there).
 """
 import math
 from dataclasses import dataclass
@@ -20,7 +21,11 @@ from mixed_mla.constants import KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM,
 POISON = 0x5A
 NUM_PAGES, PAGE_SIZE = 5, 16
 FP8_NAMES = ("fp8", "fp8_e4m3")
-HAS_SM90 = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() == (9, 0)
+# The fused kernel's arch on this GPU (append.KERNEL_DIRS: sm90, or gfx950, whose kernel writes by default only when
+# opted in; these tests load it either way: the MI355X bring-up's cache-write step runs them), or None.
+KERNEL_ARCH = append._kernel_arch(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() \
+    else None
+LAUNCHED_NAMES = {"sm90": "write_rows", "gfx950": "cache_write_"}   # a part of the launched kernel's name
 
 
 # ---- the references ----
@@ -246,20 +251,20 @@ def test_bad_input_is_refused_before_any_write(call, error, match):
                                        fp8_rounding="nearest")
 
 
-# ---- the sm90 kernel (skipped without an sm_90 GPU) ----
+# ---- the fused kernel (skipped without an sm_90 or gfx950 GPU) ----
 
 KERNEL_CASES = [("bf16", "single"), ("fp8", "single"), ("fp8", "double"), ("mxfp4", "single")]
 
 
-@pytest.mark.skipif(not HAS_SM90, reason="needs an sm_90 GPU")
+@pytest.mark.skipif(KERNEL_ARCH is None, reason="needs an sm_90 or gfx950 GPU")
 @pytest.mark.parametrize("kv_format,rounding", KERNEL_CASES)
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
-def test_the_sm90_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype):
+def test_the_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype):
     """The same call through append.kernel_write and append.torch_write on the GPU: equal caches, and both equal the
     references; a slot past the cache flags the same bit in both. The kernel is one launch per call."""
     device = torch.device("cuda", torch.cuda.current_device())   # indexed, as the tensors' device reads
-    kernel = append._kernel(device)
-    assert kernel is not None, "the sm90 cache-write kernel did not build"
+    kernel = append.load_kernel(KERNEL_ARCH)
+    assert kernel is not None, f"the {KERNEL_ARCH} cache-write kernel did not build"
     case = make_case(n=75, seed=7, device="cuda", slot_dtype=slot_dtype)
     slots = case.slots.clone()
     slots[5] = NUM_PAGES * PAGE_SIZE * 40   # flagged, not written
@@ -281,11 +286,12 @@ def test_the_sm90_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_d
     assert_written(caches[1], case, expected_rows(case, kv_format, 0.0371, double_rounding=rounding == "double"))
 
 
-@pytest.mark.skipif(not HAS_SM90, reason="needs an sm_90 GPU")
+@pytest.mark.skipif(KERNEL_ARCH is None, reason="needs an sm_90 or gfx950 GPU")
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "mxfp4"])
-def test_the_sm90_call_is_one_kernel_and_no_sync(kv_cache_dtype):
+def test_the_call_is_one_kernel_and_no_sync(kv_cache_dtype, monkeypatch):
     """A device-path call under sync debug mode "error" (any synchronising call raises), then under the profiler:
-    exactly one kernel ran, the cache write's."""
+    exactly one kernel ran, the cache write's (gfx950's opted in)."""
+    monkeypatch.setenv(append.GFX950_OPT_IN, "1")
     kv_format = append.KV_CACHE_DTYPES[kv_cache_dtype]
     case = make_case(n=64, seed=8, device="cuda")
     cache = empty_cache(kv_format, "cuda")
@@ -301,6 +307,6 @@ def test_the_sm90_call_is_one_kernel_and_no_sync(kv_cache_dtype):
         _write(case, cache, kv_cache_dtype, scale)
         torch.cuda.synchronize()
     launches = [e.name for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(launches) == 1 and "write_rows" in launches[0], launches
+    assert len(launches) == 1 and LAUNCHED_NAMES[KERNEL_ARCH] in launches[0], launches
     append.raise_append_errors("cuda")
     assert_written(cache, case, expected_rows(case, kv_format, None if scale is None else float(scale)))

@@ -1,7 +1,7 @@
-"""The gfx950 backend builds the way ROCm torch's load_inline builds it (tools/gfx950_rocm_build.py): torch's own
-load_inline in ROCm mode writes the hipified sources and the flags, clang 22 compiles the kernels (device side,
-against the real HIP 7.1 headers) and the launcher (host side), c++ compiles the hipified binding, and the
-binding's calls into the launcher resolve. What this cannot show is listed in docs/mi355x.md.
+"""The gfx950 backend and the gfx950 cache write build the way ROCm torch's load_inline builds them
+(tools/gfx950_rocm_build.py): torch's own load_inline in ROCm mode writes the hipified sources and the flags, clang 22
+compiles the kernels (device side, against the real HIP 7.1 headers) and the launcher (host side), c++ compiles the
+hipified binding, and the binding's calls into the launcher resolve. What this cannot show is listed in docs/mi355x.md.
 
 CI installs the headers (scripts/setup-env); there a missing prerequisite fails, elsewhere it skips.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mixed_mla import append
 from mixed_mla.backends import hip_gfx950
 from mixed_mla.kernels import materialize, read
 
@@ -22,8 +23,9 @@ TOOL = ROOT / "tools/gfx950_rocm_build.py"
 sys.path.insert(0, str(TOOL.parent))
 import gfx950_rocm_build as rocm_build_tool  # noqa: E402
 
-# What launch.hip can launch: the kernels it declares.
+# What launch.hip can launch: the kernels it declares (the decode's; the cache write's).
 LAUNCHED_KERNELS = set(re.findall(r"__global__ void (\w+)\(", read(f"{hip_gfx950.KERNEL_DIR}/launch.hip")))
+CACHE_WRITE_KERNELS = set(re.findall(r"__global__ void (\w+)\(", read(f"{append.KERNEL_DIRS['gfx950']}/launch.hip")))
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,21 @@ def test_the_launcher_and_the_binding_compile_and_resolve_against_each_other(roc
     assert "error" not in result["host"] and "error" not in result["binding"]
     assert result["unresolved"] == []
     assert result["failures"] == [] and returncode == 0
+
+
+def test_the_cache_write_compiles_links_and_resolves_without_scratch(rocm_build):
+    """kernels/gfx950/cache_write through the same steps: every kernel its launcher declares compiles and is in the
+    linked code object with no scratch or spills, and its binding's calls resolve in its HIP unit."""
+    _, result = rocm_build
+    cache_write = result["cache_write"]
+    assert cache_write["failures"] == [] and cache_write["unresolved"] == []
+    assert CACHE_WRITE_KERNELS and {k["name"] for k in cache_write["device"]["kernels"]} == CACHE_WRITE_KERNELS
+    linked = {k["name"]: k for k in cache_write["code_object"]["kernels"]}
+    assert set(linked) == CACHE_WRITE_KERNELS
+    for k in cache_write["device"]["kernels"]:
+        assert k["scratch_bytes"] == 0 and k["vgpr_spills"] == 0 and k["sgpr_spills"] == 0, k["name"]
+    for k in linked.values():
+        assert k["private_segment_fixed_size"] == 0 and k["vgpr_spill_count"] == 0 and not k["problems"], k["name"]
 
 
 def test_the_real_headers_reject_what_the_standalone_prelude_accepts(prerequisites, tmp_path):

@@ -275,7 +275,9 @@ def test_the_real_steps_cover_every_variant_and_format_and_keep_the_table_to_evi
                                       "{out}/outputs/strict-" + mode]
     assert [name for name, step in steps.items() if step.lax] == ["eval-test", "eval-benchmark"]
     assert steps["aiter-real"].absent_unless == ROOT / "tests/test_aiter_real.py"
-    assert {"layouts:hip_gfx950", "layouts:aiter", "environment", "build", "bundle"} <= set(steps)
+    assert {"layouts:hip_gfx950", "layouts:aiter", "environment", "build", "bundle", "cache-write"} <= set(steps)
+    assert steps["cache-write"].command[-3:] == ["tests/test_cache_write.py", "-k",
+                                                 "kernel_is_bitwise or one_kernel_and_no_sync"]
     assert all(s.timeout_s > 0 for s in steps.values())
     assert [s.timeout_s for s in bringup.default_steps(scale=2.0)] == [2 * s.timeout_s for s in steps.values()]
 

@@ -3,7 +3,9 @@ public packages allow. tools/gfx950_report.py compiles each kernel file alone ag
 names (-nogpuinc); this compiles what an MI355X user's first call would compile.
 
 How:
-1. torch writes the build. The backend's own build call (hip_gfx950._module: its files, its flags) runs through
+Two builds, one after the other, each through every step below: the decode backend's (gfx950/decode) and the cache
+write's (gfx950/cache_write, which append.py loads on gfx950 with MLA_GFX950_CACHE_WRITE=1; result["cache_write"]).
+1. torch writes the build. The module's own build call (kernels.load: its files, its flags) runs through
    the real torch.utils.cpp_extension.load_inline with torch's ROCm switches on (IS_HIP_EXTENSION, ROCM_HOME =
    the headers below, PYTORCH_ROCM_ARCH=gfx950 for the visible MI355X) and only its last steps stubbed (the ninja
    run, the import). So torch's own code joins the kernel files into one translation unit behind its implicit
@@ -32,7 +34,7 @@ How:
 Usage: python tools/gfx950_rocm_build.py [--setup] [--json] [--device-only] [--kernel-dir DIR] [--keep-object PATH]
    --setup        install what the build needs, once (scripts/setup-env runs it), and exit
    --kernel-dir   build these gfx950/decode sources instead of the package's (the tests' mutations)
-   --keep-object  copy the linked code object here (tools/gfx950_mca.py and the tests read it again)
+   --keep-object  copy the decode's linked code object here (tools/gfx950_mca.py and the tests read it again)
 Exit status 1 when a step fails.
 """
 import argparse
@@ -58,6 +60,8 @@ import gfx950_mca  # noqa: E402
 import gfx950_report  # noqa: E402
 
 ARCH = "gfx950"
+DECODE_DIR, CACHE_WRITE_DIR = "gfx950/decode", "gfx950/cache_write"   # hip_gfx950.KERNEL_DIR, append.KERNEL_DIRS
+TARGETS = (DECODE_DIR, CACHE_WRITE_DIR)
 CLANG = gfx950_report.CLANG
 ROCM_DIR = ROOT / ".build" / "rocm"          # what --rocm-path and torch's ROCM_HOME point at: include/hip, bin/
 # The HIP headers: the PyPI triton wheel's copy (HIP 7.1 in 3.9.0), only that folder extracted from it.
@@ -138,14 +142,13 @@ def missing_prerequisites() -> list:
     return missing
 
 
-def capture_load_inline(build_root: Path, kernel_dir=None) -> dict:
-    """Runs hip_gfx950's build through torch's load_inline in ROCm mode up to the ninja call; returns the
-    build.ninja variables and its `build` lines' sources."""
+def capture_load_inline(build_root: Path, target: str, kernel_dir=None) -> dict:
+    """Runs the build of `target` (a gfx950 kernel directory) through torch's load_inline in ROCm mode up to the
+    ninja call; returns the build.ninja variables and its `build` lines' sources."""
     import torch.utils.cpp_extension as cpp_extension
     from mixed_mla import kernels
-    from mixed_mla.backends import hip_gfx950
     if kernel_dir is not None:   # a mutated copy: the bundle's embedding mechanism serves it, the rest as it is
-        prefix = hip_gfx950.KERNEL_DIR + "/"
+        prefix = target + "/"
         kernels._EMBEDDED.update(kernels._all_sources())
         kernels._EMBEDDED.update({prefix + p.name: p.read_text() for p in Path(kernel_dir).iterdir() if p.is_file()})
     os.environ.update(PYTORCH_ROCM_ARCH=ARCH, TORCH_EXTENSIONS_DIR=str(build_root / "torch_extensions"),
@@ -159,13 +162,13 @@ def capture_load_inline(build_root: Path, kernel_dir=None) -> dict:
         if not hasattr(cpp_extension, name):
             raise RuntimeError(f"torch.utils.cpp_extension has no {name}: this torch builds differently")
     vars(cpp_extension).update(rocm_mode)
-    hip_gfx950._module.__wrapped__()
+    kernels.load(target)   # what hip_gfx950._module and append.load_kernel call
     (ninja,) = glob.glob(str(build_root / "torch_extensions" / "**" / "build.ninja"), recursive=True)
     text = Path(ninja).read_text()
     variables = dict(re.findall(r"^(\w+) = (.*)$", text, re.M))
     sources = dict(re.findall(r"^build \S+: (compile|cuda_compile) (\S+)$", text, re.M))
     return {"vars": variables, "cpp": sources["compile"], "hip": sources["cuda_compile"],
-            "include_dir": str(next((build_root / "kernels").glob(hip_gfx950.KERNEL_DIR.replace("/", "_") + "-*")))}
+            "include_dir": str(next((build_root / "kernels").glob(target.replace("/", "_") + "-*")))}
 
 
 def torch_hip_headers(work: Path) -> Path:
@@ -297,13 +300,28 @@ def unresolved_backend_symbols(binding_obj: str, host_obj: str) -> list:
 
 
 def build(work: Path, device_only: bool = False, kernel_dir=None, keep_object=None) -> dict:
-    """Every step's result, with its files in `work`; result["failures"] lists what failed (empty: the whole
-    build went through)."""
+    """Every step's result for the decode (the top level) and the cache write (result["cache_write"], the same
+    steps), with their files in `work`; result["failures"] lists what failed in either (empty: both builds went
+    through). kernel_dir and keep_object concern the decode."""
     missing = missing_prerequisites()
     if missing:
         return {"failures": [f"missing: {item}" for item in missing]}
-    with contextlib.redirect_stdout(sys.stderr):   # hipify prints its progress
-        captured = capture_load_inline(work, kernel_dir)
+    results = {}
+    for target in TARGETS:   # one after the other: the steps swap module globals (stdout, gfx950_report's command)
+        target_work = work / target.replace("/", "_")
+        target_work.mkdir()
+        with contextlib.redirect_stdout(sys.stderr):   # hipify prints its progress
+            captured = capture_load_inline(target_work, target, kernel_dir if target == DECODE_DIR else None)
+        results[target] = build_captured(captured, target_work, device_only,
+                                         keep_object if target == DECODE_DIR else None)
+    decode, cache_write = results[DECODE_DIR], results[CACHE_WRITE_DIR]
+    decode["cache_write"] = cache_write
+    decode["failures"] += [f"cache_write: {failure}" for failure in cache_write["failures"]]
+    return decode
+
+
+def build_captured(captured: dict, work: Path, device_only: bool, keep_object) -> dict:
+    """Every step's result for one captured build (capture_load_inline); result["failures"] lists what failed."""
     result = {"cuda_cflags": captured["vars"]["cuda_cflags"],
               "cflags": captured["vars"]["cflags"], "post_cflags": captured["vars"].get("post_cflags", ""),
               "hip_unit": Path(captured["hip"]).name, "binding_unit": Path(captured["cpp"]).name,
@@ -332,13 +350,21 @@ def build(work: Path, device_only: bool = False, kernel_dir=None, keep_object=No
     return result
 
 
+def _jsonable(result: dict) -> dict:
+    """One build's result with its kernel reports as dicts."""
+    code_object = result.get("code_object", {})
+    return dict(result, device=dict(result.get("device", {}), kernels=[
+        dict(vars(r), wg_per_cu=r.wg_per_cu) for r in result.get("device", {}).get("kernels", [])]),
+        code_object=dict(code_object, kernels=[gfx950_code_object.as_dict(k) for k in code_object.get("kernels", [])]))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setup", action="store_true", help="install what the build needs and exit")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--device-only", action="store_true", help="skip the binding (the slow C++ compile)")
     parser.add_argument("--kernel-dir", type=Path, help="gfx950/decode sources to build instead of the package's")
-    parser.add_argument("--keep-object", type=Path, help="copy the linked code object here")
+    parser.add_argument("--keep-object", type=Path, help="copy the decode's linked code object here")
     args = parser.parse_args()
     if args.setup:
         for line in setup():
@@ -348,21 +374,22 @@ def main() -> int:
         result = build(Path(work), args.device_only, args.kernel_dir, args.keep_object)
     kernels = result.get("device", {}).get("kernels", [])
     if args.json:
-        code_object = result.get("code_object", {})
-        print(json.dumps(dict(result, device=dict(result.get("device", {}), kernels=[
-            dict(vars(r), wg_per_cu=r.wg_per_cu) for r in kernels]), code_object=dict(code_object, kernels=[
-                gfx950_code_object.as_dict(k) for k in code_object.get("kernels", [])])), indent=1, default=str))
+        print(json.dumps(dict(_jsonable(result), cache_write=_jsonable(result.get("cache_write", {}))), indent=1,
+                         default=str))
     else:
         print(f"gfx950 as ROCm torch's load_inline builds it (hipcc flags: {result.get('cuda_cflags', '?')})")
-        print(gfx950_report.format_table(kernels))
+        cache_write = result.get("cache_write", {})
+        print(gfx950_report.format_table(kernels + cache_write.get("device", {}).get("kernels", [])))
         if result.get("code_object", {}).get("kernels"):
-            print(f"linked code object ({', '.join(DEVICE_LIBS)}; read with llvm-22):")
-            print(gfx950_code_object.format_table(result["code_object"]["kernels"]))
+            print(f"linked code objects ({', '.join(DEVICE_LIBS)}; read with llvm-22):")
+            print(gfx950_code_object.format_table(result["code_object"]["kernels"] +
+                                                  cache_write.get("code_object", {}).get("kernels", [])))
             print("tile loop, steady state of wave 0, counted by llvm-mca (SIMD clocks per token; budget: HBM):")
             print(gfx950_mca.format_table(result["code_object"].get("mca", [])))
-        for step in ("device", "host", "code_object", "binding"):
-            if step in result:
-                print(f"{step}: {'FAILED' if 'error' in result[step] else 'ok'}")
+        for name, steps in (("decode", result), ("cache write", cache_write)):
+            for step in ("device", "host", "code_object", "binding"):
+                if step in steps:
+                    print(f"{name} {step}: {'FAILED' if 'error' in steps[step] else 'ok'}")
         print(f"torch's implicit include: {result.get('device', {}).get('torch_include', '?')}")
         for failure in result["failures"]:
             print(f"FAIL {failure}")

@@ -13,6 +13,9 @@ goes on to the next step. Steps, in order:
                   build's library), before any kernel runs; a variant whose kernel fails a check is turned off
   probes          tools/gfx950_probes.py: one probe per gfx950 fact the kernels rely on; the variants that bet on a
                   fact that is contradicted, or that its probe could not settle, are turned off
+  cache-write     tests/test_cache_write.py's fused-kernel tests: the gfx950 cache-write kernel (append.py, opt-in
+                  MLA_GFX950_CACHE_WRITE=1) bitwise against the torch writer on this device, every format, one launch
+                  and no sync per call (evidence for writing with it by default)
   selfcheck:*     one process per (variant, format) of hip_gfx950: mixed_mla.selfcheck against exact attention
                   (variable lengths, an empty segment, q_len 1-4, poisoned tails, one split and many); mxfp4 opted in;
                   one result line per split count
@@ -127,7 +130,9 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
              Step(CODE_OBJECT_STEP, [python, tool, "--code-object", "{out}/" + CODE_OBJECT_DISABLE_FILE], minutes(5),
                   plain, disables=CODE_OBJECT_DISABLE_FILE),
              Step(PROBE_STEP, [python, "tools/gfx950_probes.py", "--disable-file", "{out}/" + PROBE_DISABLE_FILE],
-                  minutes(15), plain, disables=PROBE_DISABLE_FILE)]
+                  minutes(15), plain, disables=PROBE_DISABLE_FILE),
+             Step("cache-write", [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cache_write.py",
+                                  "-k", "kernel_is_bitwise or one_kernel_and_no_sync"], minutes(10), plain)]
     steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt,
                                                   "--results", "{results}"], minutes(5), opted_in, results=True)
               for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY]

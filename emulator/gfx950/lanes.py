@@ -33,18 +33,25 @@ class DecodeParams(ctypes.Structure):
                 + [("sm_scale_log2", ctypes.c_float)])
 
 
+def _compile(driver: str, include_dirs, out_dir: Path, library: str, overrides, what: str) -> ctypes.CDLL:
+    """One emulator library: `driver` (a file here) built against emulation.h, the kernel folders `include_dirs` and
+    the fact base's header (with `overrides`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "isa_facts.h").write_text(facts.header(overrides))
+    lib = out_dir / library
+    includes = [flag for d in (HERE, *include_dirs, out_dir) for flag in ("-I", str(d))]
+    result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
+                             "-x", "c++", *includes, str(HERE / driver), "-o", str(lib)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"the {what} did not build:\n{result.stderr[-4000:]}")
+    return ctypes.CDLL(str(lib))
+
+
 def build(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
     """The emulator library for the kernels under kernel_dir (its decode/ folder), with the fact base's values
     (or `overrides` of them: a wrong hardware for the mutation tests)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "isa_facts.h").write_text(facts.header(overrides))
-    lib = out_dir / "emulation.so"
-    result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
-                    "-x", "c++", "-I", str(HERE), "-I", str(Path(kernel_dir) / "decode"),
-                    "-I", str(out_dir), str(HERE / "driver.cpp"), "-o", str(lib)], capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"the emulator did not build:\n{result.stderr[-4000:]}")
-    return ctypes.CDLL(str(lib))
+    return _compile("driver.cpp", [Path(kernel_dir) / "decode"], out_dir, "emulation.so", overrides, "emulator")
 
 
 def _error_buffer():
@@ -162,13 +169,42 @@ def build_probes(out_dir: Path, overrides=None) -> ctypes.CDLL:
     """The hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes, built from the fact base's values (or
     `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe and
     emu_occupancy."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "isa_facts.h").write_text(facts.header(overrides))
-    lib = out_dir / "probes.so"
-    result = subprocess.run([sys.executable, "-m", "ziglang", "c++", "-std=c++17", "-O1", "-fPIC", "-shared",
-                             "-x", "c++", "-I", str(HERE), "-I", str(KERNEL_SOURCES), "-I", str(PROBE_SOURCES),
-                             "-I", str(out_dir), str(HERE / "probe_driver.cpp"), "-o", str(lib)],
-                            capture_output=True, text=True)
-    if result.returncode:
-        raise RuntimeError(f"the probe emulator did not build:\n{result.stderr[-4000:]}")
-    return ctypes.CDLL(str(lib))
+    return _compile("probe_driver.cpp", [KERNEL_SOURCES, PROBE_SOURCES], out_dir, "probes.so", overrides,
+                    "probe emulator")
+
+
+# ---- the cache write (kernels/gfx950/cache_write/) ----
+
+class CacheWriteParams(ctypes.Structure):
+    """Mirror of mixed_mla/kernels/gfx950/cache_write/params.h."""
+    _fields_ = [("kv_c", ctypes.c_void_p), ("kv_c_row_stride", ctypes.c_int64), ("kv_c_col_stride", ctypes.c_int64),
+                ("k_pe", ctypes.c_void_p), ("k_pe_row_stride", ctypes.c_int64), ("k_pe_col_stride", ctypes.c_int64),
+                ("slots", ctypes.c_void_p), ("num_rows", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("num_slots", ctypes.c_int64), ("data", ctypes.c_void_p), ("data_page_stride", ctypes.c_int64),
+                ("data_row_stride", ctypes.c_int64), ("block_scales", ctypes.c_void_p),
+                ("scales_page_stride", ctypes.c_int64), ("scales_row_stride", ctypes.c_int64),
+                ("fp8_scale", ctypes.c_void_p), ("error_flag", ctypes.c_void_p)]
+
+
+def build_cache_write(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
+    """The emulator library of the cache write under kernel_dir (its cache_write/ folder, and decode/ for the
+    prelude it includes). Exports emu_cache_write."""
+    kernel_dir = Path(kernel_dir)
+    return _compile("cache_write_driver.cpp", [kernel_dir / "cache_write", kernel_dir / "decode"], out_dir,
+                    "cache_write.so", overrides, "cache-write emulator")
+
+
+def cache_write(lib, kv_c, k_pe, slot_mapping, data, block_scales, fp8_scale, error_flag, format_code) -> str:
+    """The cache write kernel on CPU lanes with the binding's arguments (gfx950/cache_write/binding.cpp: data and
+    block_scales uint8 (num_pages, page_size, bytes) views written in place, fp8_scale float32 or None, error_flag
+    int32 0-dim updated); returns the error text ('' when it ran)."""
+    p = CacheWriteParams(kv_c.data_ptr(), kv_c.stride(0), kv_c.stride(1), k_pe.data_ptr(), k_pe.stride(0),
+                         k_pe.stride(1), slot_mapping.data_ptr(), slot_mapping.shape[0], data.shape[1],
+                         data.shape[0] * data.shape[1], data.data_ptr(), data.stride(0), data.stride(1),
+                         None if block_scales is None else block_scales.data_ptr(),
+                         0 if block_scales is None else block_scales.stride(0),
+                         0 if block_scales is None else block_scales.stride(1),
+                         None if fp8_scale is None else fp8_scale.data_ptr(), error_flag.data_ptr())
+    error = _error_buffer()
+    rc = lib.emu_cache_write(ctypes.byref(p), format_code, int(slot_mapping.dtype == torch.int64), error, len(error))
+    return "" if rc == 0 else error.value.decode() or "failed"

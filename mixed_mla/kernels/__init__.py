@@ -12,9 +12,9 @@ package was imported from the repository or from the single-file submission (too
 2. the JIT cache: the same translation units built by torch.utils.cpp_extension.load into a directory named by the
    key, kept across processes (and imported straight from its .so: no compiler needed once built);
 3. a JIT build into that directory (nvcc / hipcc and ninja needed).
-The key (`source_key`) hashes every source file of the directory and of COMMON_DIR, the build's files, flags and
-arch, the torch version and the toolkit torch was built with (torch.version.cuda / hip) and the Python ABI: a byte
-changed anywhere is a new key, so a stale build is never served.
+The key (`source_key`) hashes every source file of the directory, of those it includes and of COMMON_DIR, the
+build's files, flags and arch, the torch version and the toolkit torch was built with (torch.version.cuda / hip) and
+the Python ABI: a byte changed anywhere is a new key, so a stale build is never served.
 The cache: $TORCH_EXTENSIONS_DIR when set, else $MLA_KERNEL_CACHE/builds, else ~/.cache/mixed_mla/builds
 ($XDG_CACHE_HOME honoured). It holds at most KEEP_BUILDS builds per kernel directory (one compiled library and its
 objects each), the least recently loaded removed first; the materialized sources (a few KB per version) sit beside it
@@ -58,6 +58,8 @@ class KernelBuild:
     # True: torch's headers are included ahead of binding.cpp and the device files (load_inline's implicit headers);
     # False: the files include what they need, so device files without a torch header compile faster
     implicit_headers: bool = True
+    # other kernel directories whose headers the files include (on the include path and in the source key)
+    include_kernel_dirs: tuple = ()
 
     @property
     def stem(self) -> str:
@@ -74,6 +76,9 @@ BUILDS = {build.kernel_dir: build for build in (
     KernelBuild("sm90/cache_write", ("cache_write.cu",), "cuda", "sm_90a", SM90_ARCH_FLAGS, implicit_headers=False),
     KernelBuild("gfx950/decode", GFX950_FILES, "rocm", "gfx950", ("--offload-arch=gfx950",),
                 functions=("forward", "guard_indptr")),
+    # the decode's prelude.h: the HIP names both gfx950 builds use
+    KernelBuild("gfx950/cache_write", ("cache_write.hip", "launch.hip"), "rocm", "gfx950", ("--offload-arch=gfx950",),
+                include_kernel_dirs=("gfx950/decode",)),
 )}
 
 _loaded = {}   # kernel_dir -> how this process got its module: "built", "jit cache" or "jit build" (build_info)
@@ -166,8 +171,8 @@ def source_key(build: KernelBuild) -> str:
     """The hash a built module must carry to be used for `build` here (the module docstring lists what it covers)."""
     import torch
     toolkit = f"cuda {torch.version.cuda}" if torch.version.hip is None else f"hip {torch.version.hip}"
-    return _digest({**{f"{build.kernel_dir}/{k}": v for k, v in _sources_under(build.kernel_dir).items()},
-                    **{f"{COMMON_DIR}/{k}": v for k, v in _sources_under(COMMON_DIR).items()}},
+    return _digest({f"{subdir}/{name}": text for subdir in (build.kernel_dir, *build.include_kernel_dirs, COMMON_DIR)
+                    for name, text in _sources_under(subdir).items()},
                    repr((build, COMPILE_FLAGS)), torch.__version__, toolkit, sys.implementation.cache_tag)
 
 
@@ -186,8 +191,9 @@ def translation_units(build: KernelBuild, key: str) -> dict:
 
 
 def include_dirs(build: KernelBuild, root=None) -> list:
-    """The directories a build's #includes resolve in: its own sources and COMMON_DIR's, materialized."""
-    return [materialize(build.kernel_dir, root), materialize(COMMON_DIR, root)]
+    """The directories a build's #includes resolve in: its own sources, its include_kernel_dirs' and COMMON_DIR's,
+    materialized."""
+    return [materialize(subdir, root) for subdir in (build.kernel_dir, *build.include_kernel_dirs, COMMON_DIR)]
 
 
 def write_translation_units(build: KernelBuild, key: str, directory: Path) -> list:
