@@ -287,6 +287,28 @@ def test_the_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype)
 
 
 @pytest.mark.skipif(KERNEL_ARCH is None, reason="needs an sm_90 or gfx950 GPU")
+@pytest.mark.parametrize("past_row", [0, 5])
+def test_both_violations_of_one_call_are_flagged_by_both_writers(past_row):
+    """A bad fp8 scale and a slot past the cache in one call: each writer ORs both bits, even when the row that
+    reports the scale (row 0) is the one past the cache, and writes nothing."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    kernel = append.load_kernel(KERNEL_ARCH)
+    case = make_case(n=20, seed=9, device="cuda")
+    slots = case.slots.clone()
+    slots[past_row] = NUM_PAGES * PAGE_SIZE
+    scale = torch.tensor(float("nan"), device="cuda")
+    for writer in (append.torch_write, lambda *args: append.kernel_write(kernel, *args)):
+        append.append_error_flag(device).zero_()
+        cache = empty_cache("fp8", "cuda")
+        parsed = paged.paged_cache_of((cache, scale), "fp8", device, anchor="kv_c")
+        writer(case.kv_c[:20], case.k_pe[:20], parsed, slots, "fp8", "single", scale,
+               append.append_error_flag(device))
+        assert int(append.append_error_flag(device)) == append.FLAG_SLOT_OUT_OF_RANGE | append.FLAG_BAD_FP8_SCALE
+        assert all(bool((rows == POISON).all()) for rows in cache_rows(cache))
+    append.append_error_flag(device).zero_()
+
+
+@pytest.mark.skipif(KERNEL_ARCH is None, reason="needs an sm_90 or gfx950 GPU")
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8", "mxfp4"])
 def test_the_call_is_one_kernel_and_no_sync(kv_cache_dtype, monkeypatch):
     """A device-path call under sync debug mode "error" (any synchronising call raises), then under the profiler:

@@ -70,20 +70,17 @@ __global__ void __launch_bounds__(kWarp * kRowsPerCta) write_rows(const CacheWri
   const int64_t row = int64_t(blockIdx.x) * kRowsPerCta + threadIdx.x / kWarp;
   if (row >= p.num_rows) return;
   constexpr bool kFp8 = kFormat == kFormatFp8Single || kFormat == kFormatFp8Double;
+  // Each violation is reported whatever else is wrong (the torch writer ORs both bits), before any return
+  const int64_t slot = static_cast<int64_t>(static_cast<const Slot*>(p.slots)[row]);
   float scale = 1.0f;
+  bool bad_scale = false;
   if constexpr (kFp8) {
     scale = *p.fp8_scale;
-    if (!(isfinite(scale) && scale > 0.0f)) {   // nothing is written; row 0 reports it once
-      if (row == 0 && lane == 0) atomicOr(p.error_flag, kBadFp8Scale);
-      return;
-    }
+    bad_scale = !(isfinite(scale) && scale > 0.0f);   // nothing is written; row 0 reports it once
+    if (bad_scale && row == 0 && lane == 0) atomicOr(p.error_flag, kBadFp8Scale);
   }
-  const int64_t slot = static_cast<int64_t>(static_cast<const Slot*>(p.slots)[row]);
-  if (slot < 0) return;                              // padding: no slot
-  if (slot >= p.num_slots) {
-    if (lane == 0) atomicOr(p.error_flag, kSlotPastCache);
-    return;
-  }
+  if (slot >= p.num_slots && lane == 0) atomicOr(p.error_flag, kSlotPastCache);
+  if (bad_scale || slot < 0 || slot >= p.num_slots) return;   // slot < 0: padding
   const int64_t page = slot / p.page_size, in_page = slot % p.page_size;
   uint8_t* data = p.data + page * p.data_page_stride + in_page * p.data_row_stride;
 #pragma unroll 2
