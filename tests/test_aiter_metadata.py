@@ -416,6 +416,9 @@ GENERATION_FAKES = {
     "2026-08": (fake_aiter.aiter_2026_08, aiter_mla.API_2026_08, "native-head rule"),
     "between": (fake_aiter.aiter_between, None, "between 2026-03 and 2026-08"),
     "unknown-rule": (fake_aiter.aiter_unknown_rule, None, "runs 32 heads folded on gfx950 (bf16"),
+    # issue 39 defect 11: a 2026 signature whose decode's head rule cannot be read was accepted on signatures alone
+    "2026-08-unreadable-rule": (fake_aiter.aiter_2026_08_unreadable_rule, None, "rule cannot be read"),
+    "2026-03-unreadable-rule": (fake_aiter.aiter_2026_03_unreadable_rule, None, "rule cannot be read"),
 }
 
 

@@ -325,6 +325,20 @@ def aiter_unknown_rule(rec):
     return aiter_2026_08(rec, _unfolded_unknown)
 
 
+def _unreadable_rule(factory):
+    """`factory`'s aiter with a decode whose native-head rule cannot be read: its source is the fake decode's own,
+    which holds no `if` whose body is `pass` (as a decode rewritten around a table, or wrapped, would read)."""
+    def unreadable(rec):
+        info, build, decode = factory(rec)
+        del decode.__wrapped__
+        return info, build, decode
+    return unreadable
+
+
+aiter_2026_08_unreadable_rule = _unreadable_rule(aiter_2026_08)
+aiter_2026_03_unreadable_rule = _unreadable_rule(aiter_2026_03)
+
+
 def aiter_between(rec):
     """An aiter between the two modelled commits: the pinned signatures, plus HEAD's CP parameter in the metadata
     call (one 2026-08 marker of four)."""
