@@ -13,6 +13,7 @@ import torch
 
 from .constants import V_HEAD_DIM
 from .exact_formats import decode
+from .exact_query import path_query
 
 # STRICT_BOUND[(kv_format, path)]: the largest relative L2 error against exact attention that path may show. The
 # problem's outputs are ~0.02 in magnitude, so the bound must fail a 4% error (an output scaled by 0.96 scores 0.04);
@@ -117,11 +118,20 @@ def strict_verdict(out, ref, kv_format: str, path: str):
     return err <= bound, err, bound
 
 
-def strict_error(out, q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale) -> float:
-    """Relative L2 error of `out` against exact attention on `kv_cache` as stored."""
-    return relative_l2(out, exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale))
+def path_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path, return_lse=False):
+    """exact_attention with Q as path `path` (a backend name) multiplies it: rounded to fp8 where its kernel rounds
+    it (exact_query.path_query), so an fp8-Q path is judged on its own arithmetic."""
+    return exact_attention(path_query(q, kv_format, path), kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale,
+                           return_lse)
+
+
+def strict_error(out, q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path=None) -> float:
+    """Relative L2 error of `out` against exact attention on `kv_cache` as stored, with Q as path `path` (the backend
+    that made `out`) reads it; path None: Q as given, which an fp8-Q path fails by its Q rounding alone."""
+    return relative_l2(out, path_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path))
 
 
 def check_strict(out, q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path):
     """(passed, error, bound) of the strict check of path `path` (a backend name) on the given cache format."""
-    return strict_verdict(out, exact_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale), kv_format, path)
+    return strict_verdict(out, path_attention(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, path),
+                          kv_format, path)

@@ -85,7 +85,7 @@ def _run(q, kv_cache, kv_format, qo, kvp, plan, max_q_len):
 
 
 def _error(out, q, kv_cache, kv_format, qo, kvp):
-    return exact.strict_error(out, q, kv_cache, kv_format, qo, kvp, SM_SCALE)
+    return exact.strict_error(out, q, kv_cache, kv_format, qo, kvp, SM_SCALE, "aiter")
 
 
 def _plan(kv_format="fp8", page_size=1, variant="", splits=4):
@@ -636,7 +636,7 @@ def _segment_error(case, plan, segment, seed=0):
     """Strict error of the route's output on one segment's rows only."""
     q, kv_cache, qo, kvp = _tensors(case, "fp8", seed)
     out = _run(q, kv_cache, "fp8", qo, kvp, plan, case.max_q_len)
-    ref = exact.exact_attention(q, kv_cache, "fp8", qo, kvp, SM_SCALE)
+    ref = exact.path_attention(q, kv_cache, "fp8", qo, kvp, SM_SCALE, "aiter")
     rows = slice(int(qo[segment]), int(qo[segment + 1]))
     return exact.relative_l2(out[rows], ref[rows])
 

@@ -62,7 +62,7 @@ def _inputs(layout: Layout, kv_format: str):
 def _twin_error(layout: Layout, kv_format: str, scale_q: bool = True) -> float:
     q, cache, qo, kvp = _inputs(layout, kv_format)
     out = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits, scale_q=scale_q)
-    return exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE)
+    return exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950")
 
 
 def test_mirrored_constants_match_the_kernel_config():
@@ -150,7 +150,7 @@ def test_kernel_source_on_cpu_lanes_meets_the_bound_and_matches_the_twin(lane_em
     q, cache, qo, kvp = _poisoned_inputs(kv_format)
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=occupancy)
     assert not error
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND[kv_format]
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, 3)
     # same arithmetic: only the float summation order and the emulator's 1-ulp exp2/log2 differ (a wrong layout ~1)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
@@ -218,7 +218,7 @@ def test_kernel_source_leaves_the_flag_clear_for_good_indptr_and_keeps_a_recorde
     flag = lanes.new_error_flag()
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=2, occupancy=2, error_flag=flag)
     assert not error and flag.tolist() == lanes.new_error_flag().tolist()
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND[kv_format]
     flag[:] = torch.tensor([KV, 7], dtype=torch.int32)      # an earlier call's violation survives a good call
     error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=1, occupancy=3, error_flag=flag)
     assert not error and flag.tolist() == [KV, 7]
@@ -246,7 +246,7 @@ def test_the_emulator_catches_a_missing_load_wait(tmp_path, ziglang):
     q, cache, qo, kvp = _poisoned_inputs("fp8")
     error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4)
     assert not error
-    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * BOUND["fp8"]
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") > 2 * BOUND["fp8"]
 
 
 @st.composite
@@ -266,7 +266,7 @@ def test_kernel_source_on_cpu_lanes_on_random_layouts(lane_emulator, layout, kv_
     assert not error
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= BOUND[kv_format]
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND[kv_format]
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
@@ -281,9 +281,9 @@ def test_tiny_and_zero_q_heads_stay_finite(lane_emulator, kv_format):
     error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, layout.num_splits, occupancy=3)
     assert not error
     bound = BOUND[kv_format]
-    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound
+    assert exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= bound
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits)
-    assert exact.strict_error(twin, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE) <= bound
+    assert exact.strict_error(twin, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= bound
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_fused_kernel_meets_the_bound_matches_the_twin_and_writes_the_lse(lane_e
     lse = torch.full(q.shape[:2], float("nan"))
     error, out = _fused_run(lane_emulator, q, cache, qo, kvp, 3, occupancy, arrivals, lse)
     assert not error
-    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND["fp8"]
     twin = hip_twin.twin_decode(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, 3)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
     _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
@@ -339,7 +339,7 @@ def test_fused_kernel_on_random_layouts_many_calls_in_a_row(lane_emulator, layou
         lse = torch.full(q.shape[:2], float("nan"))
         error, out = _fused_run(lane_emulator, q, cache, qo, kvp, max(layout.num_splits, 2), occupancy, arrivals, lse)
         assert not error and not arrivals.any()
-        assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) <= exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+        assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND["fp8"]
         _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
         assert exact.lse_error(lse, reference) <= LSE_BOUND
 
@@ -351,7 +351,7 @@ def test_fused_kernel_fails_on_a_counter_left_non_zero(lane_emulator):
     arrivals = torch.ones(q.shape[0], dtype=torch.int32)
     error, out = _fused_run(lane_emulator, q, cache, qo, kvp, 4, 3, arrivals)
     assert not error
-    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") > 2 * BOUND["fp8"]
     assert arrivals.all()                          # and the counters stay wrong for the call after
 
 
@@ -369,4 +369,4 @@ def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
     q, cache, qo, kvp = _inputs(Layout(((1, 300), (2, 90)), num_splits=4, seed=5), "fp8")
     error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
     assert not error
-    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE) > 2 * exact.STRICT_BOUND[("fp8", "hip_gfx950")]
+    assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") > 2 * BOUND["fp8"]
