@@ -15,25 +15,31 @@ from .constants import V_HEAD_DIM
 from .exact_formats import decode
 from .exact_query import path_query
 
-# STRICT_BOUND[(kv_format, path)]: the largest relative L2 error against exact attention that path may show. The
-# problem's outputs are ~0.02 in magnitude, so the bound must fail a 4% error (an output scaled by 0.96 scores 0.04);
+# STRICT_BOUND[(kv_format, path)]: the largest relative L2 error against exact attention (Q as the path rounds it:
+# path_attention) that path may show. The problem's outputs are ~0.02 in magnitude, so the bound must fail a 4% error
+# (an output scaled by 0.96 scores 0.04);
 # each is set from the worst error measured on correct code (docs/measuring.md#accuracy has the table):
 #   torch: worst 0.0019 over 85 random property-test layouts (CPU; rounding the float32 result to bf16 alone costs
 #     0.0016-0.0017); x3 -> 0.006.
 #   cuda_sm90: worst 0.0025 on the H200 (benchmarks/results/release/tolerances.txt at bca028a, 0.0017-0.0025 over the
 #     8 cases x 3 formats; f16/bf16 P and V); x3 -> 0.008.
-#   hip_gfx950 and aiter read Q as fp8 (per (row, head) power-of-two scale / one per-tensor scale), and rounding Q to
-#     e4m3 alone costs 0.026-0.027 (docs/problem.md#accuracy). Worst of the gfx950 numerics twin: 0.030 over 336
-#     random layouts (tests/test_hip_twin.py, median 0.025). A few times that would pass a 4% error, so the
-#     bound sits under 0.04 instead: 0.038 = 1.27x the worst; a 4% error on top of the fp8-Q error scores >= 0.047.
+#   hip_gfx950 and aiter on an fp8 cache read Q as fp8; the oracle rounds Q as they do (path_attention, exact_query:
+#     per (row, head) power of two / the reference's per-tensor recipe), so their own arithmetic is what is judged.
+#     hip_gfx950 (bf16 P and V, bf16 partials): worst 0.0027 of its numerics twin over 40 random layouts (median
+#     0.0025; q_len 0-4, 0-200 keys, 16/32 heads, 1-16 splits, |q| 1e-3..1e3), 0.0015 on the self-check layouts;
+#     the emulated kernel 0.0015 (fp8) / 0.0006 (mxfp4) there; x3 -> 0.008.
+#     aiter fp8: its a8w8 kernels also round P to e4m3fn, unscaled (docs/aiter.md, read from the code objects),
+#     which no oracle can follow (it rounds against each tile's running max): worst 0.0215 of the fake aiter that
+#     rounds P so, over the self-check layouts of both builders on both devices and the problem's shapes (0.018 at
+#     4 x 1024, 0.0095 at 4 x 8192); x1.4 -> 0.03, so an output 4% off (>= 0.045) still fails.
 #     aiter's bf16 path reads bf16 Q: cuda_sm90's bound.
 #   peer: the benchmarks' foreign kernels (benchmarks/peers), timed not shipped: worst 0.0041 (torch plain, fp8;
 #     benchmarks/results/peers at 818a4bf); x3 -> 0.012; fp8 0.038 as vLLM's FlashMLA fp8 decode reads fp8 Q.
 STRICT_BOUND = {
     ("bf16", "torch"): 0.006, ("fp8", "torch"): 0.006, ("mxfp4", "torch"): 0.006,
     ("bf16", "cuda_sm90"): 0.008, ("fp8", "cuda_sm90"): 0.008, ("mxfp4", "cuda_sm90"): 0.008,
-    ("fp8", "hip_gfx950"): 0.038, ("mxfp4", "hip_gfx950"): 0.038,
-    ("bf16", "aiter"): 0.008, ("fp8", "aiter"): 0.038,
+    ("fp8", "hip_gfx950"): 0.008, ("mxfp4", "hip_gfx950"): 0.008,
+    ("bf16", "aiter"): 0.008, ("fp8", "aiter"): 0.03,
     ("bf16", "peer"): 0.012, ("fp8", "peer"): 0.038, ("mxfp4", "peer"): 0.012,
 }
 
