@@ -16,8 +16,8 @@ Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the me
 queries the device properties on the host each time), page tables (1 launch at page_size 1; 4, plus 3 for the
 alignment assertion, at larger pages), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation
 (7), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below (3 for a uniform layout, else 7). All are
-small kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
-all of this included.
+small kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be
+measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
 
 Bad indptr contents (validate.py, tier 3): aiter's metadata builder and decode read qo_indptr / kv_indptr on the
 device and clamp nothing, so a decreasing entry or one past q or the cache would send them out of bounds. The
@@ -35,8 +35,9 @@ Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dy
 by the reference's recipe op for op (amax / fp8 max in bf16: quantize_q_per_tensor; about 2.7% relative L2 error by
 itself, docs/problem.md), so the reference's configuration gets the reference's arguments bit for bit; with a bf16
 cache Q stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the
-kernel, since aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel by it, and a
-layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap zero-fix).
+kernel, since aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel
+by it, and a layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap
+zero-fix).
 
 Which metadata builder runs, and the layouts each serves right (tests/aiter_model/ models both from aiter's source at
 the pinned commit; docs/aiter.md): variant "fast" runs the v1_2 builder, which reads qo_indptr and serves any layout
@@ -67,9 +68,9 @@ compared with the generation's modelled rule:
              its decode run gfx950 fp8 32/64/128 heads and all gfx950 bf16 head counts unfolded, while v1_0 still
              folds 32..112 (modelled: the fold rules and v1_2's rewritten walk and parallel fill).
 Anything else (an aiter between or past these, a 2026 decode whose head rule differs from the model or cannot be
-read) is an unknown generation: the backend is unavailable, with one fallback warning. Within a known generation, a (heads, variant,
-q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the plan routes to the
-next backend with one warning.
+read) is an unknown generation: the backend is unavailable, with one fallback warning. Within a known generation,
+a (heads, variant, q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the
+plan routes to the next backend with one warning.
 tests/test_aiter_contract.py checks every call built here against real aiter sources.
 """
 import ast
