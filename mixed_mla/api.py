@@ -1,18 +1,23 @@
 """The public entry point: `decode`, or `plan` once per batch layout and `DecodePlan.run` per step.
 
-plan() does the layout-dependent host work (read lengths, pick backend / format / splits, check availability,
-make the backend's workspace, raise an indptr violation a kernel recorded on the device since the last plan);
-run() validates what is free to check on the host, on every call, and launches one backend call through the
-torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every backend reads the indptr
-contents on the device, so a plan stays correct for new lengths and new data. A plan owns its workspace: it is freed
-when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8 buffer sized by
-workspace_bytes (below), which plans used one at a time may share (docs/design.md#caller-owned-workspace).
+plan() does the layout-dependent host work (read lengths unless given, pick backend / format / splits, check
+availability, make the backend's workspace) with no device->host copy when max_q_len and max_kv_len are given, so an
+engine may re-plan every step; run() validates what is free to check on the host, on every call, and launches one
+backend call through the torch.library op `mixed_mla::decode` (ops.py). Plans fix launch geometry only: every
+backend reads the indptr contents on the device, so a plan stays correct for new lengths and new data. A plan owns
+its workspace: it is freed when the plan is; or the caller owns it: plan(..., workspace=buf) carves it from a uint8
+buffer sized by workspace_bytes (below), which plans used one at a time may share
+(docs/design.md#caller-owned-workspace).
 
 return_lse=True (plan, decode) also returns the log-sum-exp of each query row and head: float32 (total_q, H),
 natural log of the softmax denominator over the scaled scores (FlashMLA's softmax_lse convention; FlashMLA lays it
 out (batch, H, q_len), padded, where this API's rows are ragged: lse[qo_indptr[b] + i, h] is its [b, h, i]); -inf
 for a row that attends nothing (FlashMLA writes +inf there). Such a plan routes only to backends whose SPEC.lse is
 True. strict=True makes any fallback an error (RuntimeError) instead of a warning.
+
+batch_invariant=True (plan, decode) makes each sequence's output bitwise the same alone, in any company and at any
+batch size: its KV is cut into splits of a fixed number of tokens merged in a fixed order
+(planner.batch_invariant_plan, docs/engines.md); only backends with that mode serve it (torch, cuda_sm90).
 """
 import functools
 import warnings
@@ -22,7 +27,7 @@ import torch
 
 from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import Plan, device_arch, forced_backend, plan_for
+from .planner import BATCH_INVARIANT_REASON, Plan, batch_invariant_backend, device_arch, forced_backend, plan_for
 from .validate import (check_inputs, check_kv_format, checked_segment_lengths, indexed_device, normalized_cache,
                        raise_device_errors)
 
@@ -87,8 +92,10 @@ class DecodePlan(PlanGeometry):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse, the pair
         (out, lse), lse float32 (total_q, H) (`lse` when given). One call of the op `mixed_mla::decode`, which checks
         the inputs on the host; validate=True also checks the indptr contents here (one sync; not under
-        torch.compile)."""
+        torch.compile) and first raises an indptr violation a compiled kernel recorded on the device since
+        (validate.raise_device_errors)."""
         if validate:
+            raise_device_errors(q.device)
             num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
             longest_q = checked_segment_lengths(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)[0]
             if longest_q > self.max_q_len:
@@ -155,7 +162,8 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
     """The bytes of a workspace buffer that serves every plan (contiguous or paged) on `device` with at most
     `max_total_q` query rows (batch x max_q_len) and `num_heads` heads, whichever backend, split count or merge the
     planner picks: what to allocate once, as torch.empty(n, dtype=torch.uint8, device=device), and pass to plan /
-    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none)."""
+    plan_paged(workspace=). 0 where no backend on the device takes one (CPU: torch needs none). A batch-invariant
+    plan may need more (every split of its longest row: its .workspace_bytes)."""
     if max_total_q < 1 or num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"workspace_bytes needs max_total_q >= 1 and num_heads in {SUPPORTED_NUM_HEADS}; got "
                          f"{max_total_q}, {num_heads}")
@@ -165,7 +173,8 @@ def workspace_bytes(max_total_q: int, num_heads: int, device) -> int:
 
 
 def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_len=None, max_kv_len=None,
-         backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None) -> DecodePlan:
+         backend=None, kv_lens=None, return_lse=False, strict=False, workspace=None,
+         batch_invariant=False, sm_scale=DEFAULT_SM_SCALE) -> DecodePlan:
     """Plan a decode for the batch layout of these indptr arrays.
 
     kv_format: the format of the cache the caller holds; None lets the planner choose (read `.kv_format` after).
@@ -180,10 +189,13 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     workspace: a caller-owned uint8 buffer, contiguous, on the plan's device, of at least workspace_bytes(...) (or
     the plan's .workspace_bytes) bytes, 256-byte aligned: the plan carves its buffers from it (ValueError when it
     cannot). Plans sharing one must not run concurrently (docs/design.md#caller-owned-workspace). None: its own.
-    Raises first the indptr violation a compiled kernel recorded on this device since the last plan (validate.py).
+    batch_invariant: the module docstring; max_kv_len must then bound every segment (as when it is read).
+    No device->host copy when max_q_len and max_kv_len are given: an indptr violation a compiled kernel recorded is
+    raised by validate.raise_device_errors, or by a run / decode with validate=True (validate.py), never here.
+    sm_scale: the softmax scale the runs will pass (DeepSeek's callers: qk_head_dim^-0.5 x mscale^2): a compiled
+    backend's first-use self-check runs at it, one verdict per class of scale (selfcheck.py).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
-    raise_device_errors(device)
     if kv_format is not None:
         check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -195,25 +207,29 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     max_q_len, max_kv_len, read_kv_lens = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len)
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
-                            strict)
+                            strict, batch_invariant, sm_scale)
     return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, workspace)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
-           max_kv_len=None, out=None, backend=None, validate=False, return_lse=False, strict=False):
+           max_kv_len=None, out=None, backend=None, validate=False, return_lse=False, strict=False,
+           batch_invariant=False):
     """MLA decode: (total_q, H, 576) bf16 queries against one cache -> (total_q, H, 512) bf16
     (docs/design.md#semantics-every-backend).
 
     kv_cache: bf16 tensor (N, 1, 576) | fp8 (data (N, 1, 576), scale (1,)) | mxfp4 (packed (N, 1, 288), scales).
     Plans and runs in one go; to decode many steps over one layout, call plan() once and .run() per step.
-    validate=True also checks the indptr contents against the row counts (one device->host copy on a GPU).
+    validate=True also checks the indptr contents against the row counts and raises a violation a compiled kernel
+    recorded before (one device->host copy on a GPU: DecodePlan.run's validate).
     return_lse=True returns (out, lse) (the module docstring); strict=True raises where a fallback would warn.
+    batch_invariant=True: the output of a segment does not depend on the others (the module docstring).
     """
     num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr, out)
     # read here when missing, where the contents meet the tensors' bounds
     max_q_len, max_kv_len, _ = _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, q.shape[0], num_kv_rows)
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
-                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict)
+                   max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict,
+                   batch_invariant=batch_invariant, sm_scale=sm_scale)
     return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
 
 
@@ -227,7 +243,7 @@ def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens=None, return_lse=False,
-           strict=False):
+           strict=False, batch_invariant=False, sm_scale=DEFAULT_SM_SCALE):
     """(Plan, backend module): the planned backend if it can serve this decode, else the next that can.
 
     Order after the planned one: the arch's other compiled backends (backends.native_backends), then torch, each
@@ -236,8 +252,9 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     strict.
     """
     arch = device_arch(device)
-    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend), arch, kv_lens)
-    problem = route_problem(chosen, device, num_heads, max_q_len, return_lse)
+    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, batch_invariant),
+                        arch, kv_lens)
+    problem = route_problem(chosen, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
     if problem is None:
         return chosen, backends.module(chosen.backend)
     if backend is not None or forced_backend() is not None:
@@ -247,11 +264,11 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
         if alternative == chosen.backend:
             continue
         try:
-            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative), arch,
-                               kv_lens)
+            plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative,
+                                       batch_invariant), arch, kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
-        alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse)
+        alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
         if alternative_problem is None:
             return replace(plan, source=plan.source + "+fallback"), backends.module(alternative)
         report_fallback(alternative, alternative_problem, strict)
@@ -269,32 +286,37 @@ def fit_layout(plan: Plan, arch, kv_lens):
     return plan if fit is None else fit(plan, arch, kv_lens)
 
 
-def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False, page_size=None):
+def route_problem(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool = False, page_size=None,
+                  sm_scale=DEFAULT_SM_SCALE):
     """None when plan.backend can serve this decode, else why not. page_size: None for a contiguous cache, else the
-    paged cache's (paged.py checks the paged entry point first): the self-check then runs the backend's run_paged."""
+    paged cache's (paged.py checks the paged entry point first): the self-check then runs the backend's run_paged.
+    sm_scale: the runs' (the self-check runs at it)."""
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not backends.supports(plan.backend, plan.kv_format, num_heads):
         reason = f"backend {plan.backend!r} does not support kv_format {plan.kv_format} with {num_heads} heads"
     if reason is None and return_lse and not backends.spec(plan.backend).lse:
         reason = LSE_REASON
+    if reason is None and plan.batch_invariant and not batch_invariant_backend(plan.backend):
+        reason = BATCH_INVARIANT_REASON
     if reason is None:   # a backend's own refusal of this plan (aiter: a pairing its installed generation lacks)
         refuse = getattr(backends.module(plan.backend), "plan_problem", None)
         reason = None if refuse is None else refuse(plan, device_arch(device), num_heads, max_q_len)
     if reason is None and plan.backend in SELF_CHECKED_BACKENDS and not _self_checked(
-            plan, device, num_heads, max_q_len, return_lse, page_size):
+            plan, device, num_heads, max_q_len, return_lse, page_size, sm_scale):
         reason = SELF_CHECK_FAILED   # selfcheck has warned already, with the details
     return reason
 
 
-def _self_checked(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, page_size) -> bool:
+def _self_checked(plan: Plan, device, num_heads: int, max_q_len: int, return_lse: bool, page_size, sm_scale) -> bool:
     """selfcheck's verdict on the entry point this decode calls: run (contiguous) or run_paged (page_size given)."""
     module = backends.module(plan.backend)
     if page_size is not None:
         return selfcheck.verified_paged(plan.backend, module.run_paged, plan, device, page_size, num_heads, max_q_len,
-                                        return_lse)
+                                        return_lse, sm_scale)
     layout = (module.selfcheck_layout(plan, device_arch(device), num_heads, max_q_len)
               if hasattr(module, "selfcheck_layout") else None)
-    return selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse)
+    return selfcheck.verified(plan.backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse,
+                              sm_scale)
 
 
 def report_fallback(backend_name: str, reason: str, strict: bool) -> None:

@@ -1,155 +1,237 @@
-"""Appending tokens to a paged cache: `append_paged` writes new latent rows through a slot mapping.
+"""Writing new tokens into a paged cache: `concat_and_cache_mla`, the serving engines' convention.
 
-The write half of the paged API (paged.py reads): an engine's step quantises each new token's 576-wide latent row
-(512 latent + 64 rope) into its cache slot, as vLLM's `concat_and_cache_mla` and FlashInfer's
-`append_paged_mla_kv_cache` do. Slot s is row s % page_size of page s // page_size (vLLM's slot_mapping); -1
-(SKIP_SLOT, vLLM's padding) writes nothing. Every format is encoded row by row by the encoders of formats.py, so a
-row appended lands as the same bytes the whole-cache quantisers give it: bf16 as is; fp8 with the cache's own static
-scale (the caller's, never recomputed); MXFP4 with its per-32 e8m0 scales (the 18 scale columns of the row; the
-padding columns 18-23 are left as they were).
+vLLM and aiter write an MLA cache through `concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype,
+scale)`; this is that call, for the three formats paged.py reads:
+- kv_c (>= n, 512) and k_pe (>= n, 64) bf16, any strides (e.g. views into a projection's output), n =
+  len(slot_mapping): rows past n (an engine's padding) are not read;
+- slot_mapping (n,) int64 / int32: slot s is row s % page_size of page s // page_size; any negative slot writes
+  nothing (vLLM's padding is -1);
+- kv_cache_dtype as engines name it: "auto" / "bf16" (kv_cache bf16 (num_pages, page_size, 576)), "fp8" / "fp8_e4m3"
+  (kv_cache (num_pages, page_size, 576) e4m3fn or uint8, `scale` its static float32 scale, 0-dim or (1,), never
+  recomputed), "mxfp4" (kv_cache the pair (packed (num_pages, page_size, 288), scales (num_pages, page_size, 24)),
+  each row's 18 e8m0 block scales computed from the row, columns 18-23 left as they were; `scale` None). Pages may
+  lie further apart than page_size rows (paged.paged_cache_of parses the cache as decode_paged does).
+- fp8_rounding: "single" (default, the engines' rule: e4m3fn(round(x / scale)) of the float32 quotient, saturated
+  to +-448) or "double" (the problem generator's: the quotient rounded to bf16 first, then to e4m3fn; 3.45% of bytes
+  land one ulp away from the single rounding), which writes the bytes formats.quantize_fp8 gives the whole cache.
+`append_paged(kv_cache, rows, slot_mapping, kv_format=...)` is the same write for (n, 576) rows and a cache held as
+decode_paged reads it (fp8 as the pair (data, scale)), with the generator's double rounding: the problem's caches.
+"fp8_ds_mla" (DeepSeek-V3.2's 656-byte rows, one uint8 tensor (num_pages, page_size, 656)) is written as vLLM's
+writer rounds it (formats.encode_ds_mla_rows), by torch on every device.
 
-This is the torch path on every device (vectorised indexing, no Python loop over rows, no kernel of its own): the
-CPU, the H200 and gfx950 alike run it.
+One implementation, two engines of it: on sm_90a one fused kernel per call (kernels/sm90/cache_write/, built ahead of
+time or JIT like the decode), elsewhere torch ops (vectorised, no Python loop over rows); tests/test_cache_write.py
+holds them bitwise equal. gfx950 runs the torch path (no HIP kernel yet).
 
-Bad slots (below -1, past the cache, or one slot twice) and a non-positive or non-finite fp8 scale write NOTHING:
-- validated on the host (CPU tensors by default, or validate=True anywhere): a ValueError before any write; on a GPU
-  that costs one device->host copy.
-- otherwise (GPU tensors by default: no sync per call): the same checks run on the device; when any fails, every
-  write of the call is turned into a rewrite of bytes already there (nothing changes, nothing out of bounds), and
-  the violation is recorded in the device's append flag, which `raise_append_errors()` raises (one sync).
+Bad input: dtypes, shapes and devices raise before any write. A slot past the cache and a non-positive or non-finite
+fp8 scale are checked on the host (CPU tensors by default, or validate=True anywhere: a ValueError before any write,
+at a few device->host copies on a GPU) or else on the device (a GPU's default: no sync): a row whose slot is past the
+cache is not written, a bad scale writes nothing, and the violation is recorded in the device's append flag, which
+`raise_append_errors()` raises (one sync). Slots must be distinct; only the host check sees a repeat (as in the
+engines' kernels, a slot given twice on the device path holds bytes of either row).
 """
+import functools
+import warnings
+
 import torch
 
-from .constants import MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
-from .formats import as_uint8, encode_fp8, encode_mxfp4_rows
+from .constants import DS_MLA_FORMAT, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
+from .formats import FP8_DTYPE, as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
 from .paged import paged_cache_of
-from .validate import check_kv_format, check_tensor, indexed_device
+from .validate import check_kv_format, check_placement, check_tensor, indexed_device
 
-SKIP_SLOT = -1                                   # vLLM's PAD_SLOT_ID: a padded token that has no slot
+# kv_cache_dtype as vLLM and aiter name it -> this package's kv_format
+KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "mxfp4": "mxfp4",
+                   DS_MLA_FORMAT: DS_MLA_FORMAT}   # vLLM names DeepSeek-V3.2's 656-byte cache "fp8_ds_mla" too
+FP8_ROUNDINGS = ("single", "double")
 SLOT_DTYPES = (torch.int64, torch.int32)         # vLLM's slot_mapping is int64; int32 is accepted too
-# Violation bits of the append flag, as the device-side check sets them.
+KERNEL_DIR = "sm90/cache_write"
+# Format codes of the kernel (kernels/sm90/cache_write/config.h CacheFormat).
+KERNEL_FORMATS = {("bf16", "single"): 0, ("bf16", "double"): 0, ("fp8", "single"): 1, ("fp8", "double"): 2,
+                  ("mxfp4", "single"): 3, ("mxfp4", "double"): 3}
+# Violation bits of the append flag, as the device-side checks (torch's and the kernel's) set them.
 FLAG_SLOT_OUT_OF_RANGE = 1
-FLAG_SLOT_REPEATED = 2
 FLAG_BAD_FP8_SCALE = 4
-_VIOLATIONS = ((FLAG_SLOT_OUT_OF_RANGE, "a slot outside -1 .. num_pages x page_size - 1"),
-               (FLAG_SLOT_REPEATED, "a slot given twice"),
-               (FLAG_BAD_FP8_SCALE, "an fp8 scale that is not a finite positive number"))
+_VIOLATIONS = ((FLAG_SLOT_OUT_OF_RANGE, "a slot past the cache (its row was not written)"),
+               (FLAG_BAD_FP8_SCALE, "an fp8 scale that is not a finite positive number (nothing was written)"))
 _error_flags = {}   # torch.device -> int32 0-dim tensor of violation bits: one per device appended on unvalidated
 
 
-def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> None:
-    """Write `rows` (n, 576) bf16 into `kv_cache` (in place) at the cache slots `slot_mapping` (n,) int64 / int32.
+def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, scale=None, *, fp8_rounding="single",
+                         validate=None) -> None:
+    """Write the first len(slot_mapping) rows of [kv_c | k_pe] into `kv_cache` (in place) at their slots (the module
+    docstring gives every argument). validate: None checks on the host for CPU tensors and on the device for others;
+    True always on the host (device->host copies on a GPU), raising before any write; False always on the device."""
+    if kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; expected one of {', '.join(KV_CACHE_DTYPES)}")
+    if fp8_rounding not in FP8_ROUNDINGS:
+        raise ValueError(f"fp8_rounding must be one of {', '.join(FP8_ROUNDINGS)}, got {fp8_rounding!r}")
+    kv_format = KV_CACHE_DTYPES[kv_cache_dtype]
+    if kv_format == "fp8":
+        if scale is None:
+            raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} needs the cache's static scale (a float32 tensor)")
+        kv_cache = (kv_cache, scale)
+    elif kv_format in ("mxfp4", DS_MLA_FORMAT) and scale is not None:
+        raise ValueError(f"a {kv_format} cache computes its block scales from each row: scale must be None")
+    _write(kv_c, k_pe, kv_cache, slot_mapping, kv_format, fp8_rounding, validate)
 
-    kv_cache, as plan_paged / decode_paged read it: "bf16" a (num_pages, page_size, 576) bf16 tensor; "fp8" a pair
-    (data (num_pages, page_size, 576) e4m3fn or uint8, scale float32 0-dim or (1,)), the scale static, chosen by the
-    caller; "mxfp4" a pair (packed (num_pages, page_size, 288) fp4x2 or uint8, scales (num_pages, page_size, 24)
-    e8m0 or uint8), each parsed by paged.paged_cache_of as decode_paged parses it: pages may lie further apart than
-    page_size rows (a view into a larger buffer), the bytes between them left alone. Slot s is row s % page_size of
-    page s // page_size; -1 skips its row; slots must be distinct.
-    validate: None checks the slots on the host for CPU tensors and on the device for others (the module docstring);
-    True always on the host (one sync on a GPU), raising before any write; False always on the device.
-    """
+
+def append_paged(kv_cache, rows, slot_mapping, *, kv_format, validate=None) -> None:
+    """Write `rows` (n, 576) bf16 into `kv_cache`, held as decode_paged reads it (bf16 tensor, fp8 (data, scale),
+    mxfp4 (packed, scales)), at `slot_mapping` (n,): concat_and_cache_mla with the generator's double fp8 rounding,
+    so an appended row holds the bytes formats.quantize_fp8 / quantize_mxfp4 give it in the whole cache."""
     check_kv_format(kv_format)
     if not isinstance(rows, torch.Tensor):
         raise TypeError(f"rows must be a torch.Tensor, got {type(rows).__name__}")
-    device = rows.device
-    check_tensor("rows", rows, (torch.bfloat16,), device, anchor="rows")
+    check_tensor("rows", rows, (torch.bfloat16,), rows.device, anchor="rows")
     if rows.dim() != 2 or rows.shape[1] != QK_HEAD_DIM:
         raise ValueError(f"rows must have shape (num_tokens, {QK_HEAD_DIM}), got {tuple(rows.shape)}")
-    check_tensor("slot_mapping", slot_mapping, SLOT_DTYPES, device, anchor="rows")
+    check_placement("slot_mapping", slot_mapping, SLOT_DTYPES, rows.device, anchor="rows")
     if tuple(slot_mapping.shape) != (rows.shape[0],):
         raise ValueError(f"slot_mapping must have shape ({rows.shape[0]},) (one slot per row), got "
                          f"{tuple(slot_mapping.shape)}")
-    parts, scale, (num_pages, page_size) = _cache_parts(kv_cache, kv_format, device)
-    if rows.shape[0] == 0:
+    _write(rows[:, :KV_LORA_RANK], rows[:, KV_LORA_RANK:], kv_cache, slot_mapping, kv_format, "double", validate)
+
+
+def _write(kv_c, k_pe, kv_cache, slot_mapping, kv_format, fp8_rounding, validate) -> None:
+    """Both entry points' body: the checks, then one writer (the sm90 kernel, else torch)."""
+    if not isinstance(kv_c, torch.Tensor):
+        raise TypeError(f"kv_c must be a torch.Tensor, got {type(kv_c).__name__}")
+    device = kv_c.device
+    for name, t, width in (("kv_c", kv_c, KV_LORA_RANK), ("k_pe", k_pe, QK_ROPE_HEAD_DIM)):
+        check_placement(name, t, (torch.bfloat16,), device, anchor="kv_c")
+        if t.dim() != 2 or t.shape[1] != width:
+            raise ValueError(f"{name} must have shape (num_tokens, {width}), got {tuple(t.shape)}")
+    check_placement("slot_mapping", slot_mapping, SLOT_DTYPES, device, anchor="kv_c")
+    n = slot_mapping.shape[0] if slot_mapping.dim() == 1 else -1
+    if n < 0 or kv_c.shape[0] < n or k_pe.shape[0] < n:
+        raise ValueError(f"slot_mapping must be 1-D with at most as many entries as kv_c and k_pe have rows; got "
+                         f"{tuple(slot_mapping.shape)}, kv_c {tuple(kv_c.shape)}, k_pe {tuple(k_pe.shape)}")
+    cache = paged_cache_of(kv_cache, kv_format, device, anchor="kv_c")
+    if n == 0:
         return
-    slots = slot_mapping.to(torch.int64)
-    violations = _violations(slots, num_pages * page_size, scale)
+    scale = None if cache.fp8_scale is None else cache.fp8_scale.reshape(())
+    num_slots = cache.num_pages * cache.page_size
     if validate or (validate is None and device.type == "cpu"):
-        _raise_violations(int(violations), slots, num_pages * page_size)
-        writable = slots != SKIP_SLOT
+        _raise_violations(slot_mapping, num_slots, scale)
+        flag = None
     else:
         flag = append_error_flag(device)
-        flag.bitwise_or_(violations)
-        writable = (slots != SKIP_SLOT) & (violations == 0)
-    new_bytes = _encoded(rows, kv_format, scale)
-    _write(parts, new_bytes, slots, writable, page_size)
+    kernel = _kernel(device) if (kv_format, fp8_rounding) in KERNEL_FORMATS else None   # fp8_ds_mla: torch only
+    writer = torch_write if kernel is None else functools.partial(kernel_write, kernel)
+    writer(kv_c[:n], k_pe[:n], cache, slot_mapping, kv_format, fp8_rounding, scale, flag)
 
 
-def _cache_parts(kv_cache, kv_format, device):
-    """(the uint8 / bf16 views each row is written into, the fp8 scale or None, (num_pages, page_size)) of a cache of
-    the declared format, parsed as decode_paged parses it (paged.paged_cache_of); raises on anything else.
-
-    The views are dtype views and slices of the caller's tensors, never reshapes: they keep its strides, so a write
-    through them lands in its storage whatever its page stride (a reshape of strided pages would copy)."""
-    cache = paged_cache_of(kv_cache, kv_format, device, anchor="rows")
-    parts = [page if page.dtype == torch.bfloat16 else as_uint8(page) for page in cache.pages]
-    if kv_format == "mxfp4":
-        parts[1] = parts[1][..., :MXFP4_BLOCKS_PER_ROW]   # the padding scale columns are left as they were
-    scale = None if cache.fp8_scale is None else cache.fp8_scale.reshape(())
-    return parts, scale, (cache.num_pages, cache.page_size)
-
-
-def _violations(slots, num_slots, scale) -> torch.Tensor:
-    """int32 0-dim tensor of the violated rules' bits, computed on the slots' device (no sync)."""
-    out_of_range = _out_of_range(slots, num_slots).any()
-    ordered = torch.sort(slots).values
-    repeated = ((ordered[1:] == ordered[:-1]) & (ordered[1:] != SKIP_SLOT)).any()
-    bits = out_of_range.to(torch.int32) * FLAG_SLOT_OUT_OF_RANGE + repeated.to(torch.int32) * FLAG_SLOT_REPEATED
-    if scale is not None:
-        bad_scale = ~(torch.isfinite(scale) & (scale > 0))
-        bits = bits + bad_scale.to(torch.int32) * FLAG_BAD_FP8_SCALE
-    return bits
-
-
-def _out_of_range(slots, num_slots) -> torch.Tensor:
-    return (slots < SKIP_SLOT) | (slots >= num_slots)
-
-
-def _raise_violations(bits: int, slots, num_slots) -> None:
-    if not bits:
-        return
+def _raise_violations(slots, num_slots, scale) -> None:
+    """The host check (a few device->host copies on a GPU): a ValueError naming the first bad slot, a repeated slot or a
+    bad scale; nothing raised means nothing the device checks would flag."""
     details = []
-    if bits & FLAG_SLOT_OUT_OF_RANGE:
-        first = int(_out_of_range(slots, num_slots).nonzero()[0])
-        details.append(f"slot_mapping[{first}] = {int(slots[first])} is outside -1 .. {num_slots - 1} "
-                       f"(num_pages x page_size - 1; -1 skips a row)")
-    if bits & FLAG_SLOT_REPEATED:
-        values, counts = torch.unique(slots[slots != SKIP_SLOT], return_counts=True)
+    past = (slots >= num_slots).nonzero()
+    if past.numel():
+        first = int(past[0])
+        details.append(f"slot_mapping[{first}] = {int(slots[first])} is past the cache (num_pages x page_size = "
+                       f"{num_slots}; a negative slot skips its row)")
+    values, counts = torch.unique(slots[slots >= 0], return_counts=True)
+    if bool((counts > 1).any()):
         details.append(f"slot {int(values[counts > 1][0])} is given to more than one row")
-    if bits & FLAG_BAD_FP8_SCALE:
+    if scale is not None and not (bool(torch.isfinite(scale)) and float(scale) > 0):
         details.append("the fp8 scale must be a finite positive number")
-    raise ValueError(f"append_paged wrote nothing: {'; '.join(details)}")
+    if details:
+        raise ValueError(f"nothing was written to the cache: {'; '.join(details)}")
 
 
-def _encoded(rows, kv_format, scale):
-    """The bytes (bf16: the values) each part of the cache receives per row, in _cache_parts' order."""
+# ---- the torch writer ----
+
+def encode_fp8_single(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3fn codes of x / scale with one rounding: the float32 quotient saturated to +-448, then rounded to nearest
+    even (the engines' fp8 cache write)."""
+    quotient = x.to(torch.float32) / scale.to(torch.float32)
+    return quotient.clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
+
+
+def _encoded(rows, kv_format, fp8_rounding, scale):
+    """The bytes (bf16: the values) each part of the cache receives per row, in the cache's part order."""
     if kv_format == "bf16":
         return [rows]
     if kv_format == "fp8":
-        return [encode_fp8(rows, scale).view(torch.uint8)]
+        encode = encode_fp8_single if fp8_rounding == "single" else encode_fp8
+        return [encode(rows, scale).view(torch.uint8)]
+    if kv_format == DS_MLA_FORMAT:   # vLLM's rounding (formats.DS_MLA_SCALE_RULES "amax"): the engine that writes it
+        return [encode_ds_mla_rows(rows)]
     return list(encode_mxfp4_rows(rows))
 
 
-def _write(parts, new_bytes, slots, writable, page_size) -> None:
-    """Write the writable rows at their slots, with index_put_ and no sync.
+def _parts(cache):
+    """The views each row is written into: dtype views and slices of the caller's tensors, never reshapes, so they
+    keep its strides and a write lands in its storage whatever its page stride (a reshape would copy)."""
+    parts = [page if page.dtype == torch.bfloat16 else as_uint8(page) for page in cache.pages]
+    if cache.kv_format == "mxfp4":
+        parts[1] = parts[1][..., :MXFP4_BLOCKS_PER_ROW]   # the padding scale columns are left as they were
+    return parts
 
-    A row that is not written is redirected to the first writable row's slot, carrying that row's bytes, so every
-    index is in bounds and repeated indices carry identical bytes (index_put_ with repeats is deterministic then).
-    When no row is writable, every index is the first slot clamped into the cache, carrying the bytes already there.
-    Each index is a (page, row in page) pair into the caller's 3-D tensor, never a flat row of a reshape: a reshape
-    of strided pages would be a copy, and the write would miss the caller's storage.
-    """
+
+def torch_write(kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale, flag) -> None:
+    """The writer on every device but sm_90a: torch ops, no sync. flag None: the host checked everything; else the
+    violations are found on the device, ORed into `flag`, and a violating row (or, for a bad scale, every row) is not
+    written: it is redirected to the first writable row's slot carrying that row's bytes, so every index is in bounds
+    and repeated indices carry identical bytes; with no writable row, every index is the first slot clamped into the
+    cache, carrying the bytes already there."""
+    slots = slot_mapping.to(torch.int64)
+    num_slots = cache.num_pages * cache.page_size
+    writable = (slots >= 0) & (slots < num_slots)
+    if flag is not None:
+        bits = (slots >= num_slots).any().to(torch.int32) * FLAG_SLOT_OUT_OF_RANGE
+        if scale is not None:
+            bad_scale = ~(torch.isfinite(scale) & (scale > 0))
+            bits = bits + bad_scale.to(torch.int32) * FLAG_BAD_FP8_SCALE
+            writable &= ~bad_scale
+        flag.bitwise_or_(bits)
+    rows = torch.cat((kv_c, k_pe), dim=1)
     anchor = torch.argmax(writable.to(torch.uint8))   # the first writable row; 0 when there is none
     source = torch.where(writable, torch.arange(slots.shape[0], device=slots.device), anchor)
-    num_slots = parts[0].shape[0] * page_size
     target = slots[source].clamp(0, num_slots - 1)
-    page, offset = target // page_size, target % page_size
+    page, offset = target // cache.page_size, target % cache.page_size
     any_writable = writable.any()
-    for dest, new in zip(parts, new_bytes):
+    for dest, new in zip(_parts(cache), _encoded(rows, kv_format, fp8_rounding, scale)):
         there = dest[page[:1], offset[:1]]   # with no writable row, every index is this one slot: its own bytes
         dest.index_put_((page, offset), torch.where(any_writable, new[source], there))
 
+
+# ---- the sm90 kernel ----
+
+@functools.lru_cache(maxsize=None)   # bounded: one entry per device
+def _kernel(device: torch.device):
+    """The sm90 cache-write module where it serves `device` (an sm_90 GPU under a CUDA torch), else None: the torch
+    writer (a failed build is reported once, as a decode backend's fallback is)."""
+    if device.type != "cuda" or torch.version.hip is not None or torch.cuda.get_device_capability(device) != (9, 0):
+        return None
+    from . import kernels
+    try:
+        return kernels.load(KERNEL_DIR)
+    except Exception as error:
+        warnings.warn(f"the sm90 cache-write kernel failed to build ({type(error).__name__}: {error}); caches are "
+                      f"written by torch ops", RuntimeWarning)
+        return None
+
+
+@functools.lru_cache(maxsize=None)   # bounded: two dtypes per device
+def _none(device, dtype):
+    """An empty tensor that tells the kernel's binding "no such part": uint8, no scale columns; float32, no scale."""
+    return torch.empty(0, dtype=dtype, device=device)
+
+
+def kernel_write(kernel, kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale, flag) -> None:
+    """torch_write's contract in one launch of the sm90 kernel, on the current stream. The kernel checks every row
+    whatever `flag` says (a host-checked call sets no bit), so it always gets the device's append flag."""
+    device = kv_c.device
+    parts = _parts(cache)
+    data = parts[0].view(torch.uint8)
+    scales = parts[1] if kv_format == "mxfp4" else _none(device, torch.uint8)
+    kernel.forward(kv_c, k_pe, slot_mapping, data, scales, _none(device, torch.float32) if scale is None else scale,
+                   append_error_flag(device), KERNEL_FORMATS[(kv_format, fp8_rounding)])
+
+
+# ---- the device flag ----
 
 def append_error_flag(device) -> torch.Tensor:
     """The violation bits that unvalidated appends on `device` recorded (made on first use; one per device)."""
@@ -162,10 +244,8 @@ def append_error_flag(device) -> torch.Tensor:
 
 
 def raise_append_errors(device=None) -> None:
-    """Raise the violations that unvalidated appends recorded on `device` (all devices when None), and clear them.
-
-    One device->host copy per device; the appends that broke a rule wrote nothing.
-    """
+    """Raise the violations that unvalidated cache writes recorded on `device` (all devices when None), and clear
+    them. One device->host copy per device."""
     devices = list(_error_flags) if device is None else [indexed_device(device)]
     for key in devices:
         flag = _error_flags.get(key)
@@ -175,5 +255,4 @@ def raise_append_errors(device=None) -> None:
         if bits:
             flag.zero_()
             broken = "; ".join(text for bit, text in _VIOLATIONS if bits & bit)
-            raise ValueError(f"an append_paged call on {key} was given {broken}: it wrote nothing")
-
+            raise ValueError(f"a cache write on {key} was given {broken}")

@@ -23,3 +23,13 @@ MXFP4_PACKED_ROW_BYTES = QK_HEAD_DIM // 2          # 288: two e2m1 codes per byt
 MXFP4_SCALE_ROW_ALIGN = 256  # the scale tensor's rows are padded to a multiple of this
 MXFP4_SCALE_COLS = 24        # 18 scales padded to a multiple of 8; columns 18..23 are garbage
 E8M0_BIAS = 127
+
+# DeepSeek-V3.2's fp8 cache (FlashMLA's V32_FP8Sparse, vLLM's "fp8_ds_mla"): 656 bytes per token, read by the dense
+# paths (torch) and by decode_sparse. Not one of the problem's formats (KV_FORMATS): no kernel binding has a code.
+DS_MLA_FORMAT = "fp8_ds_mla"
+SERVED_KV_FORMATS = KV_FORMATS + (DS_MLA_FORMAT,)   # every format the library reads
+DS_MLA_TILE = 128                                  # latent values sharing one float32 scale
+DS_MLA_TILES = KV_LORA_RANK // DS_MLA_TILE         # 4
+DS_MLA_SCALES_OFFSET = KV_LORA_RANK                # bytes 0-511: 512 e4m3 latent values
+DS_MLA_ROPE_OFFSET = DS_MLA_SCALES_OFFSET + 4 * DS_MLA_TILES   # bytes 512-527: 4 float32 scales
+DS_MLA_ROW_BYTES = DS_MLA_ROPE_OFFSET + 2 * QK_ROPE_HEAD_DIM   # bytes 528-655: 64 bf16 rope values; 656 in all

@@ -31,10 +31,11 @@ def custom_kernel(data):
                          f"{tuple(q_shape)} and batch {qo_indptr.shape[0] - 1}")
     # The plan for a key was made from tensors with exactly these shapes, device and config: its own bounds
     # (heads, query rows, device, batch) hold for every call that finds it. What the key leaves out is checked below.
-    key = (batch, config["q_seq_len"], config["kv_seq_len"], num_heads, q_shape, kv_data["bf16"].shape, q.device)
+    key = (batch, config["q_seq_len"], config["kv_seq_len"], num_heads, q_shape, kv_data["bf16"].shape, q.device,
+           config["sm_scale"])
     planned = _plans.get(key)
     if planned is None:
-        planned = _plan_layout(q, kv_data, qo_indptr, kv_indptr)
+        planned = _plan_layout(q, kv_data, qo_indptr, kv_indptr, config["sm_scale"])
         _plans[key] = planned
         if len(_plans) > MAX_PLANNED_LAYOUTS:
             _plans.popitem(last=False)
@@ -47,10 +48,11 @@ def custom_kernel(data):
     return out
 
 
-def _plan_layout(q, kv_data, qo_indptr, kv_indptr):
-    """Validate a first-seen layout in full and plan it for the lengths its indptr arrays actually hold."""
+def _plan_layout(q, kv_data, qo_indptr, kv_indptr, sm_scale):
+    """Validate a first-seen layout in full and plan it for the lengths its indptr arrays actually hold and the
+    config's sm_scale (the self-check's)."""
     for kv_format, kv_cache in kv_data.items():
         num_kv_rows = check_inputs(q, kv_cache, kv_format, qo_indptr, kv_indptr)
     max_q_len, max_kv_len, kv_lens = checked_segment_lengths(qo_indptr, kv_indptr, q.shape[0], num_kv_rows)
     return api.plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, max_q_len=max_q_len,
-                    max_kv_len=max_kv_len, kv_lens=kv_lens)
+                    max_kv_len=max_kv_len, kv_lens=kv_lens, sm_scale=sm_scale)

@@ -106,4 +106,51 @@ def decode(kv_cache, kv_format: str) -> torch.Tensor:
         return decode_fp8(*kv_cache)
     if kv_format == "mxfp4":
         return decode_mxfp4(*kv_cache)
-    raise ValueError(f"unknown kv_format {kv_format!r}; expected one of bf16, fp8, mxfp4")
+    if kv_format == "fp8_ds_mla":
+        return decode_ds_mla(kv_cache)
+    raise ValueError(f"unknown kv_format {kv_format!r}; expected one of bf16, fp8, mxfp4, fp8_ds_mla")
+
+
+# fp8_ds_mla (DeepSeek-V3.2's cache; FlashMLA flash_mla_interface.py "FP8+sparse mode"): 656 bytes per token,
+# bytes 0-511 the 512 latent values as e4m3fn, bytes 512-527 four little-endian IEEE float32 scales (scale t
+# multiplies latent values 128t .. 128t + 127), bytes 528-655 the 64 rope values as little-endian bf16.
+DS_MLA_ROW_BYTES = 656
+DS_MLA_LATENT = 512
+DS_MLA_TILE = 128
+DS_MLA_TILES = DS_MLA_LATENT // DS_MLA_TILE
+DS_MLA_SCALES_AT = DS_MLA_LATENT
+DS_MLA_ROPE_AT = DS_MLA_SCALES_AT + 4 * DS_MLA_TILES
+FLOAT32_EXPONENT_BIAS = 127
+FLOAT32_MANTISSA_BITS = 23
+
+
+def _little_endian(byte_groups: torch.Tensor) -> torch.Tensor:
+    """int64 (..., k) -> the unsigned integers those k bytes spell, least significant byte first."""
+    weights = torch.tensor([1 << (8 * i) for i in range(byte_groups.shape[-1])], dtype=torch.int64,
+                           device=byte_groups.device)
+    return (byte_groups * weights).sum(dim=-1)
+
+
+def _float32_value(bits: torch.Tensor) -> torch.Tensor:
+    """IEEE float32 bit patterns (int64 holding 32 bits) -> float64, from sign, exponent and mantissa: exponent 0
+    is subnormal (mantissa x 2^-149), 255 is inf (mantissa 0) or NaN."""
+    sign = torch.where((bits >> 31) & 1 == 1, -1.0, 1.0).to(torch.float64)
+    exponent = (bits >> FLOAT32_MANTISSA_BITS) & 0xFF
+    mantissa = bits & ((1 << FLOAT32_MANTISSA_BITS) - 1)
+    normal = exponent > 0
+    significand = (mantissa + torch.where(normal, 1 << FLOAT32_MANTISSA_BITS, 0)).to(torch.float64)
+    power = torch.where(normal, exponent, 1) - FLOAT32_EXPONENT_BIAS - FLOAT32_MANTISSA_BITS
+    value = sign * torch.ldexp(significand, power)
+    special = torch.where(mantissa == 0, math.inf, math.nan) * sign
+    return torch.where(exponent == 0xFF, special, value)
+
+
+def decode_ds_mla(rows: torch.Tensor) -> torch.Tensor:
+    """fp8_ds_mla rows (..., 656) of 1-byte elements -> float64 (rows, 576): e4m3 value x its tile's float32 scale
+    (the product exact in float64), then the rope; a bf16 is the top half of the float32 with the same bits."""
+    raw = raw_bytes(rows).reshape(-1, DS_MLA_ROW_BYTES).to(torch.int64)
+    n = raw.shape[0]
+    latent = _lookup(E4M3FN_TABLE, raw[:, :DS_MLA_LATENT]).reshape(n, DS_MLA_TILES, DS_MLA_TILE)
+    scales = _float32_value(_little_endian(raw[:, DS_MLA_SCALES_AT:DS_MLA_ROPE_AT].reshape(n, DS_MLA_TILES, 4)))
+    rope = _float32_value(_little_endian(raw[:, DS_MLA_ROPE_AT:].reshape(n, -1, 2)) << 16)
+    return torch.cat(((latent * scales.unsqueeze(-1)).reshape(n, DS_MLA_LATENT), rope), dim=1)

@@ -1,12 +1,14 @@
-"""KV cache formats: fp8 (per-tensor scale) and MXFP4 (e2m1 codes + one e8m0 scale per 32 elements).
+"""KV cache formats: fp8 (per-tensor scale), MXFP4 (e2m1 codes + one e8m0 scale per 32 elements), and
+DeepSeek-V3.2's fp8_ds_mla (656 bytes a token: e4m3 latent with one float32 scale per 128 values, bf16 rope).
 
 The encoders reproduce the problem's generator bit for bit (tests/test_mxfp4_golden.py holds the proof against
 the real aiter kernel); the decoders are the exact dequantisation every kernel is judged against.
 """
 import torch
 
-from .constants import (E8M0_BIAS, FP8_E4M3_MAX, MXFP4_BLOCK, MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES,
-                        MXFP4_SCALE_COLS, MXFP4_SCALE_ROW_ALIGN, QK_HEAD_DIM)
+from .constants import (DS_MLA_FORMAT, DS_MLA_ROPE_OFFSET, DS_MLA_ROW_BYTES, DS_MLA_SCALES_OFFSET, DS_MLA_TILE,
+                        DS_MLA_TILES, E8M0_BIAS, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCK, MXFP4_BLOCKS_PER_ROW,
+                        MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, MXFP4_SCALE_ROW_ALIGN, QK_HEAD_DIM)
 
 FP8_DTYPE = torch.float8_e4m3fn
 # torch gained these 1-byte dtypes in 2.7/2.8; older builds get uint8 views of the same bytes.
@@ -119,4 +121,60 @@ def dequantize(kv_cache, kv_format: str) -> torch.Tensor:
     if kv_format == "mxfp4":
         packed, scales = kv_cache
         return dequantize_mxfp4(packed, scales).reshape(-1, QK_HEAD_DIM)
-    raise ValueError(f"unknown kv_format {kv_format!r}; expected one of bf16, fp8, mxfp4")
+    if kv_format == DS_MLA_FORMAT:
+        return dequantize_ds_mla(kv_cache)
+    raise ValueError(f"unknown kv_format {kv_format!r}; expected one of bf16, fp8, mxfp4, {DS_MLA_FORMAT}")
+
+
+# ---- fp8_ds_mla: DeepSeek-V3.2's 656-byte rows (docs/sparse.md#the-fp8_ds_mla-cache) ----
+
+# How a tile's float32 scale is chosen from its amax. Both give bytes every fp8_ds_mla reader decodes alike:
+#   "amax": vLLM's writer (csrc/cache_kernels.cu concat_and_cache_ds_mla_kernel): scale = amax / 448 in float32,
+#     at least FLT_MIN (an all-zero tile), each value float32(x) / scale rounded to e4m3 (RNE, saturating).
+#   "ue8m0": FlashMLA's test quantiser (tests/quant.py quantize_k_cache, V32_FP8Sparse): scale = amax / 448 at
+#     least 1e-4, rounded UP to a power of two (held in float32), so x / scale is exact before the e4m3 rounding.
+DS_MLA_SCALE_RULES = ("amax", "ue8m0")
+_UE8M0_MIN_SCALE = 1e-4   # FlashMLA's clamp before the power-of-two rounding (tests/quant.py, HFAI's FP8_AMAX_MARGIN)
+
+
+def _ds_mla_scales(tiles: torch.Tensor, scale_rule: str) -> torch.Tensor:
+    """float32 (n, 4, 1) scales of float32 (n, 4, 128) latent tiles."""
+    scale = tiles.abs().amax(dim=-1, keepdim=True) / FP8_E4M3_MAX
+    if scale_rule == "amax":
+        return scale.clamp(min=torch.finfo(torch.float32).tiny)
+    if scale_rule == "ue8m0":
+        # the smallest power of two >= scale, exactly: frexp gives scale = m * 2^e with m in [0.5, 1)
+        mantissa, exponent = torch.frexp(scale.clamp(min=_UE8M0_MIN_SCALE))
+        return torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).to(exponent.dtype))
+    raise ValueError(f"unknown scale_rule {scale_rule!r}; expected one of {', '.join(DS_MLA_SCALE_RULES)}")
+
+
+def encode_ds_mla_rows(rows: torch.Tensor, scale_rule: str = "amax") -> torch.Tensor:
+    """(n, 576) bf16 rows -> (n, 656) uint8 fp8_ds_mla rows: 512 e4m3 latent values, 4 float32 scales (one per
+    128 values, little-endian), the 64 rope values as bf16 bytes. Each row is encoded on its own."""
+    n = rows.shape[0]
+    tiles = rows[:, :KV_LORA_RANK].to(torch.float32).reshape(n, DS_MLA_TILES, DS_MLA_TILE)
+    scales = _ds_mla_scales(tiles, scale_rule)
+    codes = (tiles / scales).clamp(min=-FP8_E4M3_MAX, max=FP8_E4M3_MAX).to(FP8_DTYPE)
+    encoded = torch.empty(n, DS_MLA_ROW_BYTES, dtype=torch.uint8, device=rows.device)
+    encoded[:, :DS_MLA_SCALES_OFFSET] = codes.reshape(n, KV_LORA_RANK).view(torch.uint8)
+    encoded[:, DS_MLA_SCALES_OFFSET:DS_MLA_ROPE_OFFSET] = scales.reshape(n, DS_MLA_TILES).view(torch.uint8)
+    encoded[:, DS_MLA_ROPE_OFFSET:] = rows[:, KV_LORA_RANK:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return encoded
+
+
+def quantize_ds_mla(kv: torch.Tensor, scale_rule: str = "amax") -> torch.Tensor:
+    """fp8_ds_mla of (..., 576) bf16 rows -> uint8 (..., 656) (a (N, 1, 576) cache gives (N, 1, 656))."""
+    rows = kv.reshape(-1, QK_HEAD_DIM)
+    return encode_ds_mla_rows(rows, scale_rule).reshape(*kv.shape[:-1], DS_MLA_ROW_BYTES)
+
+
+def dequantize_ds_mla(cache: torch.Tensor) -> torch.Tensor:
+    """fp8_ds_mla rows (..., 656) (uint8 or e4m3fn storage) -> float32 (rows, 576): e4m3 value x its tile's scale,
+    the rope as stored."""
+    raw = as_uint8(cache).reshape(-1, DS_MLA_ROW_BYTES)
+    n = raw.shape[0]
+    codes = raw[:, :DS_MLA_SCALES_OFFSET].view(FP8_DTYPE).to(torch.float32).reshape(n, DS_MLA_TILES, DS_MLA_TILE)
+    scales = raw[:, DS_MLA_SCALES_OFFSET:DS_MLA_ROPE_OFFSET].contiguous().view(torch.float32).unsqueeze(-1)
+    rope = raw[:, DS_MLA_ROPE_OFFSET:].contiguous().view(torch.bfloat16).to(torch.float32)
+    return torch.cat((codes.mul(scales).reshape(n, KV_LORA_RANK), rope), dim=1)

@@ -1,10 +1,12 @@
-"""The torch.library ops: `mixed_mla::decode` and `mixed_mla::decode_paged`, what DecodePlan.run and
-PagedDecodePlan.run call, so that torch.compile sees one opaque call (no graph break, no data-dependent guard) and
-a serving engine can call the op as it calls its other attention ops.
+"""The torch.library ops: `mixed_mla::decode`, `mixed_mla::decode_paged` and `mixed_mla::decode_sparse`, what
+DecodePlan.run, PagedDecodePlan.run and SparseDecodePlan.run call, so that torch.compile sees one opaque call (no
+graph break, no data-dependent guard) and a serving engine can call the op as it calls its other attention ops.
 
     torch.ops.mixed_mla.decode(q, kv, kv_aux, qo_indptr, kv_indptr, out, lse, plan_id, sm_scale) -> ()
     torch.ops.mixed_mla.decode_paged(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse, plan_id,
                                      sm_scale) -> ()
+    torch.ops.mixed_mla.decode_sparse(q, kv, kv_aux, indices, topk_length, attn_sink, out, lse, plan_id,
+                                      sm_scale) -> ()
 
 The ops write `out` and, when given, `lse` (declared mutated: out-variant ops need no allocation, so a compiled step
 can be captured in a CUDA graph). `kv` is the bf16 cache, the fp8 data or the mxfp4 codes; `kv_aux` the fp8 scale or
@@ -24,7 +26,7 @@ from typing import Optional
 import torch
 
 NAMESPACE = __name__.split(".")[0]
-_plans = weakref.WeakValueDictionary()   # plan_id -> DecodePlan | PagedDecodePlan; bounded by the live plans
+_plans = weakref.WeakValueDictionary()   # plan_id -> a (Paged|Sparse)DecodePlan; bounded by the live plans
 _next_id = itertools.count(1)            # ids are never reused, so a stale id cannot reach another plan
 
 
@@ -78,4 +80,17 @@ def decode_paged(q: torch.Tensor, kv: torch.Tensor, kv_aux: Optional[torch.Tenso
 
 @decode_paged.register_fake
 def _decode_paged_fake(q, kv, kv_aux, qo_indptr, block_table, seq_lens, out, lse, plan_id, sm_scale) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::decode_sparse", mutates_args=("out", "lse"),
+                         device_types=("cpu", "cuda"))
+def decode_sparse(q: torch.Tensor, kv: torch.Tensor, kv_aux: Optional[torch.Tensor], indices: torch.Tensor,
+                  topk_length: Optional[torch.Tensor], attn_sink: Optional[torch.Tensor], out: torch.Tensor,
+                  lse: Optional[torch.Tensor], plan_id: int, sm_scale: float) -> None:
+    plan_of(plan_id).checked_launch(q, cache_of(kv, kv_aux), indices, topk_length, attn_sink, out, lse, sm_scale)
+
+
+@decode_sparse.register_fake
+def _decode_sparse_fake(q, kv, kv_aux, indices, topk_length, attn_sink, out, lse, plan_id, sm_scale) -> None:
     return None

@@ -1,7 +1,7 @@
 """Paged KV: `decode_paged`, or `plan_paged` once per batch layout and `PagedDecodePlan.run` per step.
 
-The cache is (num_pages, page_size, ...) in any of the three formats and each sequence reads its pages through a
-row of the block table, as vLLM, SGLang, FlashInfer and FlashMLA hold it:
+The cache is (num_pages, page_size, ...) in any format (fp8_ds_mla: one (num_pages, page_size, 656) tensor) and each
+sequence reads its pages through a row of the block table, as vLLM, SGLang, FlashInfer and FlashMLA hold it:
 
     qo_indptr   (batch + 1,) int32   query rows of each sequence (the causal MTP rule of the contiguous API)
     block_table (batch, max_pages) int32   page ids in order; entries past a sequence's last page are never read
@@ -17,7 +17,7 @@ Pages need not be back to back: a cache whose pages lie `page stride` elements a
 within a page contiguous: a view into a larger buffer) is read by backends whose SPEC.strided_pages is True (torch;
 the compiled kernels' params carry one flat row stride) when the plan is made with strided_pages=True; a plan
 without it refuses such a cache. append_paged writes into such a cache in place (the gaps left alone).
-return_lse and strict as in api.py; the kv_format is always the caller's.
+return_lse, strict and batch_invariant as in api.py; the kv_format is always the caller's.
 """
 from dataclasses import dataclass, field, replace
 from typing import Optional
@@ -25,11 +25,11 @@ from typing import Optional
 import torch
 
 from . import api, backends, ops
-from .constants import (DEFAULT_SM_SCALE, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
-                        V_HEAD_DIM)
+from .constants import (DEFAULT_SM_SCALE, DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS,
+                        QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
 from .planner import Plan, device_arch, forced_backend, plan_for
-from .validate import (E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale, check_kv_format,
-                       check_placement, indexed_device, normalized_cache, raise_device_errors)
+from .validate import (DS_MLA_DTYPES, E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale,
+                       check_kv_format, check_placement, indexed_device, normalized_cache, raise_device_errors)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
@@ -55,6 +55,10 @@ def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
     if kv_format == "bf16":
         back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device, anchor)
         return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
+    if kv_format == DS_MLA_FORMAT:
+        back_to_back = _check_pages("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_DTYPES, DS_MLA_ROW_BYTES, device,
+                                    anchor)
+        return PagedCache(DS_MLA_FORMAT, kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
     parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
     if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
         raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")
@@ -172,8 +176,10 @@ class PagedDecodePlan(api.PlanGeometry):
             validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse the pair
         (out, lse). One call of the op `mixed_mla::decode_paged`, which checks the inputs on the host;
-        validate=True also checks the index contents here (one device->host copy; not under torch.compile)."""
+        validate=True also checks the index contents here (one device->host copy; not under torch.compile) and first
+        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors)."""
         if validate:
+            raise_device_errors(q.device)
             cache = self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
             longest_q = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)[0]
             if longest_q > self.max_q_len:
@@ -214,18 +220,19 @@ class PagedDecodePlan(api.PlanGeometry):
 
 def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_size, max_q_len=None, max_kv_len=None,
                device=None, backend=None, return_lse=False, strided_pages=False, strict=False,
-               workspace=None) -> PagedDecodePlan:
+               workspace=None, batch_invariant=False, sm_scale=DEFAULT_SM_SCALE) -> PagedDecodePlan:
     """Plan a paged decode for this batch layout.
 
     max_q_len bounds every segment's query count; None reads qo_indptr on the host (one sync). max_kv_len is a
     launch hint only (the KV length the planner sizes splits for; default the block table's reach, max_pages x
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
-    raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, as
-    api.plan's.
+    raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, and
+    sm_scale the runs' (the self-check runs at it), as api.plan's. batch_invariant: as api.plan's (max_kv_len must
+    then bound every sequence; the default does). No device->host copy when max_q_len is given (api.plan's rule for
+    recorded violations).
     """
     device = indexed_device(device if device is not None else qo_indptr.device)
-    raise_device_errors(device)   # a violation a kernel recorded since the last plan, as api.plan raises it
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"num_heads {num_heads} is not supported; supported: {SUPPORTED_NUM_HEADS}")
@@ -242,30 +249,33 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
         max_q_len = max(1, longest)
     max_kv_len = max_pages * page_size if max_kv_len is None else max(1, min(max_kv_len, max_pages * page_size))
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
-                            return_lse, strided_pages, strict)
+                            return_lse, strided_pages, strict, batch_invariant, sm_scale)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
                            strided_pages, workspace)
 
 
 def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,
-                 return_lse=False, backend=None, strict=False):
+                 return_lse=False, backend=None, strict=False, batch_invariant=False):
     """MLA decode over a paged cache of the declared kv_format -> (total_q, H, 512) bf16, with return_lse the pair
     (out, lse) (the module docstring gives the layout).
 
-    Plans, checks the index contents (one device->host copy of a few numbers) and runs in one go; to decode many
+    Plans, checks the index contents (one device->host copy of a few numbers, which also raises a violation a
+    compiled kernel recorded before: validate.raise_device_errors) and runs in one go; to decode many
     steps over one layout (or inside a CUDA graph or torch.compile), call plan_paged() once and .run() per step.
     """
     cache = check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out)
+    raise_device_errors(q.device)
     longest_q, longest_kv = checked_paged_lengths(qo_indptr, block_table, seq_lens, q.shape[0], cache)
     planned = plan_paged(qo_indptr, block_table, seq_lens, num_heads=q.shape[1], kv_format=kv_format,
                          page_size=cache.page_size, max_q_len=max(1, longest_q), max_kv_len=longest_kv,
                          device=q.device, backend=backend, return_lse=return_lse,
-                         strided_pages=not cache.pages_back_to_back, strict=strict)
+                         strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant,
+                         sm_scale=sm_scale)
     return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,
-           strict):
+           strict, batch_invariant, sm_scale):
     """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
     Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
     error); a forced backend that cannot serve raises."""
@@ -275,8 +285,9 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
     reasons = []
     for name in names:
         try:
-            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name)
-            problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages)
+            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name, batch_invariant)
+            problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages,
+                                     sm_scale)
         except ValueError as error:   # this backend cannot read the format
             plan, problem = None, str(error)
         if problem is None:
@@ -289,7 +300,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
 
 
 def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size: int, return_lse: bool,
-                   strided_pages: bool):
+                   strided_pages: bool, sm_scale: float):
     """None when plan.backend can serve this paged decode, else why not: a paged entry point, strided pages when
     asked for, then api.route_problem's checks, its self-check running run_paged at this page size."""
     reason = backends.unavailable_reason(plan.backend, str(device))
@@ -297,4 +308,4 @@ def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size
         reason = f"backend {plan.backend!r} reads contiguous caches only"
     if reason is None and strided_pages and not backends.spec(plan.backend).strided_pages:
         reason = STRIDED_PAGES_REASON
-    return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size)
+    return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size, sm_scale)

@@ -74,6 +74,14 @@ class Plan:
     # Never the heuristic's choice: only a measured table entry turns it on (docs/sm90.md v52). hip_gfx950 names
     # its fused kernels as variants (fused_occN, opt-in) and leaves this False.
     fused: bool = False
+    # > 0: batch-invariant (batch_invariant_plan below): each row's KV is cut into splits of this many tokens
+    # (batch_invariant_share) whatever the launch, so its reduction order depends on its own length alone.
+    # 0: num_splits equal shares.
+    split_tokens: int = 0
+
+    @property
+    def batch_invariant(self) -> bool:
+        return self.split_tokens > 0
 
 
 def device_arch(device) -> str:
@@ -258,12 +266,14 @@ def forced_backend():
     return _env_overrides()[0]
 
 
-def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None, backend=None) -> Plan:
+def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None, backend=None,
+             batch_invariant=False) -> Plan:
     """The plan for one decode shape. kv_format=None lets the planner choose (MLA_KV_FORMAT, table, fastest).
 
     A caller that names kv_format holds only that cache, so MLA_KV_FORMAT applies only when kv_format is None.
     backend (the argument, else MLA_BACKEND) forces the backend: a table entry for another backend is then
     ignored. MLA_SPLITS forces the split count. Env overrides mark the plan's source with "+env".
+    batch_invariant: that plan made batch-invariant (batch_invariant_plan; MLA_SPLITS then does not apply).
     """
     env_backend, env_format, env_splits = _env_overrides()
     if backend is not None and backend not in BACKEND_NAMES:
@@ -279,7 +289,7 @@ def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_
                    or env_splits is not None)
     if env_applied:
         plan = replace(plan, num_splits=env_splits or plan.num_splits, source=plan.source + "+env")
-    return plan
+    return batch_invariant_plan(plan, kv_len) if batch_invariant else plan
 
 
 def fuses_merge(backend: str) -> bool:
@@ -318,6 +328,49 @@ def candidates(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int) -
     for plan in plans:  # the heuristic plan and its candidate twin differ only in `source`: keep the first
         unique.setdefault(replace(plan, source=""), plan)
     return list(unique.values())
+
+
+# ---- batch-invariant decode (issue 40 item 5) ----
+
+# Tokens per split of a batch-invariant plan. Each row's KV is cut into splits of this many tokens (the last one
+# shorter) and the splits are merged in order, so a row's output depends on its own length, never on the batch
+# around it. 256 is the best single share on the 8 benchmark shapes of the H200 split sweep
+# (benchmarks/results/planner/records.jsonl, fp8, 64-token tiles): 1.16x the planned default's time in geomean there
+# (128: 1.31x, 512: 1.22x, 1024: 1.38x); short rows in small batches pay most (4 x 1024: 4 splits, 1.30x), long rows in
+# large ones next (the partials and the merge: 256 x 1024, 1.28x). benchmarks/batch_invariance.py measures it.
+BATCH_INVARIANT_SPLIT_TOKENS = 256
+# Backend modules that honour Plan.split_tokens declare BATCH_INVARIANT = True (read by batch_invariant_backend).
+BATCH_INVARIANT_REASON = "it has no batch-invariant mode (its module's BATCH_INVARIANT)"
+
+
+def batch_invariant_backend(backend: str) -> bool:
+    """Whether `backend` honours Plan.split_tokens (its module's BATCH_INVARIANT)."""
+    return getattr(module(backend), "BATCH_INVARIANT", False)
+
+
+def batch_invariant_share(tokens: int) -> int:
+    """The tokens per split of a row attending `tokens` cache rows in a batch-invariant plan: the fixed share, or for
+    rows longer than MAX_SPLITS (the merge's limit) of them, the fewest whole multiples of it that cut the row into
+    MAX_SPLITS. A function of the row's own length alone; decode_split.cuh split_rows computes the same."""
+    unit = BATCH_INVARIANT_SPLIT_TOKENS
+    return unit * max(1, -(-tokens // (unit * MAX_SPLITS)))
+
+
+def batch_invariant_plan(plan: Plan, kv_len: int) -> Plan:
+    """`plan` made batch-invariant for rows of at most kv_len tokens: split_tokens set; for a backend that splits
+    rows over workgroups, a split per share of the longest row (at least 2, so every row takes the same path,
+    partials and the merge, whatever the longest row of its launch; a row's count, ceil(len / share), never exceeds
+    ceil(kv_len / BATCH_INVARIANT_SPLIT_TOKENS) nor MAX_SPLITS), the merge by a second kernel (its order is fixed),
+    and the variant of the largest tile that divides the share (fewest tiles per split). The routers refuse a
+    backend without the mode (BATCH_INVARIANT_REASON)."""
+    declared = spec(plan.backend)
+    marked = dict(split_tokens=BATCH_INVARIANT_SPLIT_TOKENS, source=plan.source + "+batch_invariant")
+    if not declared.splits_kv:
+        return replace(plan, **marked)
+    tiles = {variant: declared.tile_tokens.get(variant, 1) for variant in declared.variants_for(plan.kv_format)}
+    variant = max(tiles, key=lambda name: (BATCH_INVARIANT_SPLIT_TOKENS % tiles[name] == 0, tiles[name]))
+    splits = min(MAX_SPLITS, -(-max(kv_len, 1) // BATCH_INVARIANT_SPLIT_TOKENS))
+    return replace(plan, num_splits=max(2, splits), variant=variant, fused=False, **marked)
 
 
 # ---- tables ----

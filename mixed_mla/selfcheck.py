@@ -1,6 +1,7 @@
 """Run-time self-check of a compiled backend: the first use of a geometry (first_use_key) in a process runs it
-once on a small poisoned layout and compares its output with exact attention (mixed_mla.exact) under the strict
-bound, and, when the call asks for it, its log-sum-exp with the exact one under exact.LSE_BOUND.
+once on a small poisoned layout at the call's own sm_scale and compares its output with exact attention
+(mixed_mla.exact) under the strict bound of that scale, and, when the call asks for it, its log-sum-exp with the exact
+one under the LSE bound of that scale (exact.strict_bound, exact.lse_bound).
 
 Why: the gfx950 kernels were only compiled, never executed, before their first MI355X run (and any compiled
 kernel can meet a driver, compiler or hardware difference its tests never saw). A failed check costs one warning
@@ -9,7 +10,12 @@ empty segment, a query row with nothing to attend (kv_len < q_len), q_len up to 
 partial tiles, the call's head groups, the plan's split count (mostly-empty splits, the merge), and poison past the used
 rows and in the unused mxfp4 scale columns, so a kernel that reads out of its segment turns NaN and fails. A paged
 call's check reads the same rows through paged_view: pages out of order, partly filled last pages, NaN in the pages
-no sequence owns and past each sequence's length, a block table padded with -1, the empty segment an empty sequence.
+no sequence owns and past each sequence's length, a block table padded with -1, the empty segment an empty sequence;
+then again on pages whose rows append_paged wrote over the poison (the append case: the rows an engine's step writes,
+read by the kernel, against the oracle's decode of the rows the check quantised itself).
+
+The torch backend is not checked at run time (docs/measuring.md#the-self-check says why); its arithmetic runs through
+these same checks in CI (tests/test_selfcheck.py), at its own bound.
 
 The key, stated here once (api.py, the backends and docs/design.md refer to it): one verdict per FirstUseKey, i.e.
 per value of everything that changes which kernel runs or what it reads --
@@ -20,13 +26,16 @@ per value of everything that changes which kernel runs or what it reads --
     one split or several (stage 1 writes the output, or partials and the merge) and the merge (fused or a kernel);
     the head count (head groups, aiter's folding); max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query
         kernel serves with a partial tile);
-    return_lse (the kernels' LSE stores).
+    return_lse (the kernels' LSE stores);
+    the sm_scale class (exact.scale_class): the problem's 1/24 is a class of its own, since a kernel that ignores the
+        caller's scale is right there alone; the others differ in the bound that holds.
 The check runs that geometry: the plan's own split count, the call's heads, segments of up to max_q_len queries with
-one of exactly max_q_len, the LSE compared when asked for.
+one of exactly max_q_len, the LSE compared when asked for, the call's sm_scale.
 
 Calls (api.route_problem), before using a planned compiled backend:
-    verified(backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse)       a contiguous cache
-    verified_paged(backend, module.run_paged, plan, device, page_size, num_heads, max_q_len, return_lse)   paged
+    verified(backend, module.run, plan, device, layout, num_heads, max_q_len, return_lse, sm_scale)   a contiguous cache
+    verified_paged(backend, module.run_paged, plan, device, page_size, num_heads, max_q_len, return_lse, sm_scale)
+                                                                                                      a paged cache
 layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
 that geometry where it refuses the default by design (aiter_mla.selfcheck_layout: more than 16 heads with one
 query per segment only, paged plans one query per segment, variant "" uniform queries, no empty segment, and a
@@ -40,7 +49,7 @@ from typing import NamedTuple
 import torch
 
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
-from .exact import LSE_BOUND, lse_error, path_attention, strict_verdict
+from .exact import lse_bound, lse_error, path_attention, scale_class, strict_bound, strict_verdict
 from .formats import as_uint8, quantize_fp8, quantize_mxfp4
 
 ENV_SWITCH = "MLA_SELFCHECK"
@@ -72,20 +81,22 @@ class FirstUseKey(NamedTuple):
     num_heads: int
     max_q_len: int
     return_lse: bool
+    scale: str          # exact.scale_class of the call's sm_scale
 
     def __str__(self):
         return (f"backend {self.backend!r} variant {self.variant!r} kv_format {self.kv_format}, {self.cache} cache "
                 f"of page size {self.page_size}, {self.splits} split(s){' (fused merge)' if self.fused else ''}, "
-                f"{self.num_heads} heads, max_q_len {self.max_q_len}{', with the LSE' if self.return_lse else ''}")
+                f"{self.num_heads} heads, max_q_len {self.max_q_len}{', with the LSE' if self.return_lse else ''}, "
+                f"sm_scale class {self.scale}")
 
 
 def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int, return_lse: bool = False,
-                  page_size=None) -> FirstUseKey:
+                  page_size=None, sm_scale: float = DEFAULT_SM_SCALE) -> FirstUseKey:
     """The key of a call: page_size None for a contiguous cache (then plan.page_size is the one read), else the
     paged cache's page size."""
     cache, size = (CONTIGUOUS, plan.page_size) if page_size is None else (PAGED, page_size)
     return FirstUseKey(backend_name, plan.variant, plan.kv_format, cache, size, split_class(plan.num_splits),
-                       plan.fused, num_heads, max_q_len, return_lse)
+                       plan.fused, num_heads, max_q_len, return_lse, scale_class(sm_scale))
 
 
 def split_class(num_splits: int) -> str:
@@ -104,22 +115,22 @@ def enabled() -> bool:
 
 
 def verified(backend_name: str, run, plan, device, layout=None, num_heads=NUM_HEADS, max_q_len=MAX_Q_LEN,
-             return_lse=False) -> bool:
+             return_lse=False, sm_scale=DEFAULT_SM_SCALE) -> bool:
     """True when backend `run` (the backends' run signature) agrees with exact attention for this plan and call
-    geometry on a contiguous cache, or the self-check is disabled. The first call per key runs the check on `layout`
-    (None: default_layout(num_heads, max_q_len)); a failure is warned about once and remembered."""
+    geometry on a contiguous cache at `sm_scale`, or the self-check is disabled. The first call per key runs the check
+    on `layout` (None: default_layout(num_heads, max_q_len)); a failure is warned about once and remembered."""
     layout = layout or default_layout(num_heads, max_q_len)
-    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse)
-    return _verdict(key, lambda: _check(run, plan, torch.device(device), layout, return_lse))
+    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
+    return _verdict(key, lambda: _check(run, plan, torch.device(device), layout, sm_scale, return_lse))
 
 
 def verified_paged(backend_name: str, run_paged, plan, device, page_size: int, num_heads=NUM_HEADS,
-                   max_q_len=MAX_Q_LEN, return_lse=False) -> bool:
+                   max_q_len=MAX_Q_LEN, return_lse=False, sm_scale=DEFAULT_SM_SCALE) -> bool:
     """verified for a paged cache of page_size rows a page: `run_paged` (the backends' run_paged signature) reads
-    the default layout through paged_view."""
-    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse, page_size)
+    the default layout through paged_view, then through appended_view (the append case)."""
+    key = first_use_key(backend_name, plan, num_heads, max_q_len, return_lse, page_size, sm_scale)
     return _verdict(key, lambda: _check(run_paged, plan, torch.device(device), default_layout(num_heads, max_q_len),
-                                        return_lse, page_size))
+                                        sm_scale, return_lse, page_size))
 
 
 def _verdict(key: FirstUseKey, check) -> bool:
@@ -138,12 +149,19 @@ def _verdict(key: FirstUseKey, check) -> bool:
 def poisoned_layout(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEADS, poison_rows=POISON_ROWS):
     """(q, kv_cache, qo_indptr, kv_indptr) of a self-check layout on a contiguous cache, poisoned where nothing may
     be read."""
+    q, _, cache, qo, kvp = _poisoned(kv_format, device, segments, num_heads, poison_rows)
+    return q, cache, qo, kvp
+
+
+def _poisoned(kv_format: str, device, segments, num_heads, poison_rows):
+    """poisoned_layout's tensors and, second, the bf16 rows its cache quantises (used rows, then poison_rows more)."""
     g = torch.Generator().manual_seed(SEED)
     q_lens = [s[0] for s in segments]
     kv_lens = [s[1] for s in segments]
     used_rows = sum(kv_lens)
     q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
     kv = torch.randn(used_rows + poison_rows, 1, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    rows = kv.clone()
     if kv_format == "fp8":
         data, scale = quantize_fp8(kv[:used_rows])
         poisoned = torch.full((used_rows + poison_rows, 1, QK_HEAD_DIM), FP8_NAN, dtype=torch.uint8, device=device)
@@ -160,7 +178,7 @@ def poisoned_layout(kv_format: str, device, segments=SEGMENTS, num_heads=NUM_HEA
         cache[used_rows:] = float("nan")
     qo = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
     kvp = torch.tensor([0] + kv_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-    return q, cache, qo, kvp
+    return q, rows, cache, qo, kvp
 
 
 def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
@@ -169,6 +187,29 @@ def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_
     (`generator`). Every other row holds NaN encodings (bf16 NaN, e4m3 0x7F, e8m0 0xFF; mxfp4 codes 0xFF): the
     spare_pages pages no sequence owns and each last page's rows past its sequence's length. block_table is one
     column wider than the longest sequence needs, padded with -1 past each sequence's pages."""
+    table, slots, num_pages = _page_layout(kv_lens, page_size, generator, spare_pages)
+    paged = _poisoned_pages(cache, kv_format, num_pages, page_size)
+    for source, dest in zip(_row_parts(cache, kv_format), _row_parts(paged, kv_format)):
+        dest.view(-1, dest.shape[-1])[slots.to(dest.device)] = source.reshape(-1, dest.shape[-1])[:slots.shape[0]]
+    device = _row_parts(cache, kv_format)[0].device
+    return paged, table.to(device), torch.tensor(kv_lens, dtype=torch.int32, device=device)
+
+
+def appended_view(rows, cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
+    """paged_view(cache, ...) with each sequence's rows written by append_paged instead: `rows` the bf16 (n, 1, 576)
+    rows that `cache` quantises (fp8: with its scale, the paged cache's static one), n >= sum(kv_lens)."""
+    from .append import append_paged   # not at the top: append imports paged, which imports api, which imports this
+    table, slots, num_pages = _page_layout(kv_lens, page_size, generator, spare_pages)
+    paged = _poisoned_pages(cache, kv_format, num_pages, page_size)
+    device = rows.device
+    append_paged(paged, rows.reshape(-1, QK_HEAD_DIM)[:slots.shape[0]], slots.to(device), kv_format=kv_format,
+                 validate=True)
+    return paged, table.to(device), torch.tensor(kv_lens, dtype=torch.int32, device=device)
+
+
+def _page_layout(kv_lens, page_size: int, generator, spare_pages: int):
+    """(block_table, slots, num_pages) of paged_view: slots the paged row (vLLM's slot) of each contiguous row,
+    segment after segment."""
     pages_of = [-(-n // page_size) for n in kv_lens]
     num_pages = sum(pages_of) + spare_pages
     order = torch.randperm(num_pages, generator=generator)
@@ -177,59 +218,75 @@ def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_
     for b, count in enumerate(pages_of):
         table[b, :count] = order[first:first + count]
         first += count
-    # the flat paged row of each contiguous row, segment after segment
-    rows = torch.cat([table[b, torch.arange(n) // page_size].long() * page_size + torch.arange(n) % page_size
-                      for b, n in enumerate(kv_lens)])
-    device = (cache if kv_format == "bf16" else cache[0]).device
-    rows = rows.to(device)
+    slots = torch.cat([table[b, torch.arange(n) // page_size].long() * page_size + torch.arange(n) % page_size
+                       for b, n in enumerate(kv_lens)])
+    return table, slots, num_pages
 
+
+def _poisoned_pages(cache, kv_format: str, num_pages: int, page_size: int):
+    """A paged cache of the format of `cache` (fp8: its scale), every row NaN encodings."""
     def pages(t, poison):
         raw = t if t.dtype == torch.bfloat16 else as_uint8(t)
-        flat = torch.full((num_pages * page_size, t.shape[-1]), poison, dtype=raw.dtype, device=device)
-        flat[rows] = raw.reshape(-1, t.shape[-1])[:rows.shape[0]]
+        flat = torch.full((num_pages * page_size, t.shape[-1]), poison, dtype=raw.dtype, device=t.device)
         return flat.view(num_pages, page_size, t.shape[-1]).view(t.dtype)
 
     if kv_format == "bf16":
-        paged = pages(cache, float("nan"))
-    elif kv_format == "fp8":
-        paged = (pages(cache[0], FP8_NAN), cache[1])
-    else:
-        paged = (pages(cache[0], E8M0_NAN), pages(cache[1], E8M0_NAN))
-    return paged, table.to(device), torch.tensor(kv_lens, dtype=torch.int32, device=device)
+        return pages(cache, float("nan"))
+    if kv_format == "fp8":
+        return pages(cache[0], FP8_NAN), cache[1]
+    return pages(cache[0], E8M0_NAN), pages(cache[1], E8M0_NAN)
 
 
-def _check(run, plan, device, layout, return_lse=False, page_size=None):
-    """None when `run` passes, else what went wrong (a failing launch counts as a failure). page_size None: `run` is
-    a backend's run on the contiguous layout; else its run_paged on the layout's paged view.
+def _row_parts(cache, kv_format: str):
+    """The parts of a cache that hold rows (not the fp8 scale), as bf16 or uint8 views."""
+    if kv_format == "bf16":
+        return (cache,)
+    return (as_uint8(cache[0]),) if kv_format == "fp8" else (as_uint8(cache[0]), as_uint8(cache[1]))
+
+
+def _check(run, plan, device, layout, sm_scale, return_lse=False, page_size=None):
+    """None when `run` passes at sm_scale, else what went wrong (a failing launch counts as a failure). page_size
+    None: `run` is a backend's run on the contiguous layout; else its run_paged on the layout's paged view, then on
+    its appended view (the append case).
 
     The plan's own split count runs (its split class is in the key: one split, stage 1 writing the output, or
     several, partials and the merge).
     """
     segments, num_heads, poison_rows = layout
-    q, cache, qo, kvp = poisoned_layout(plan.kv_format, device, segments, num_heads, poison_rows)
-    # Q as the plan's backend rounds it (exact.path_attention): its own arithmetic is what the bound judges
-    ref, ref_lse = path_attention(q, cache, plan.kv_format, qo, kvp, DEFAULT_SM_SCALE, plan.backend, True)
-    if page_size is None:
-        kv_index = (kvp,)
-    else:   # the reference above never sees the pages
-        cache, block_table, seq_lens = paged_view(cache, plan.kv_format, [kv for _, kv in segments], page_size,
-                                                  torch.Generator().manual_seed(SEED))
-        kv_index = (block_table, seq_lens)
-    out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
-    extra = {"lse": torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)} if return_lse else {}
-    splits = f"with {plan.num_splits} split(s)"
+    q, rows, cache, qo, kvp = _poisoned(plan.kv_format, device, segments, num_heads, poison_rows)
     try:
-        run(q, cache, plan.kv_format, qo, *kv_index, out, plan, DEFAULT_SM_SCALE, max(s[0] for s in segments),
-            **extra)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception as error:  # any launch or runtime error means the variant cannot be trusted
-        return f"{splits} the kernel raised {type(error).__name__}: {error}"
-    passed, err, bound = strict_verdict(out, ref, plan.kv_format, plan.backend)
-    if not passed:
-        return f"{splits} the relative L2 error {err:.3g} against exact attention exceeds the strict bound {bound}"
-    if return_lse:
-        err, bound = lse_error(extra["lse"], ref_lse), LSE_BOUND[plan.backend]
-        if not err <= bound:
-            return f"{splits} the LSE is {err:.3g} (natural log) from the exact one, over the bound {bound}"
+        strict_bound(plan.kv_format, plan.backend, sm_scale)
+        if return_lse:
+            lse_bound(plan.backend, sm_scale)
+    except ValueError as error:   # no bound at this scale: nothing can vouch for the path
+        return str(error)
+    # Q as the plan's backend rounds it (exact.path_attention): its own arithmetic is what the bound judges
+    ref, ref_lse = path_attention(q, cache, plan.kv_format, qo, kvp, sm_scale, plan.backend, return_lse=True)
+    if page_size is None:
+        cases = {"": (cache, kvp)}
+    else:   # the reference above never sees the pages
+        kv_lens = [kv for _, kv in segments]
+        cases = {"on pages: ": paged_view(cache, plan.kv_format, kv_lens, page_size,
+                                          torch.Generator().manual_seed(SEED)),
+                 "on pages append_paged wrote: ": appended_view(rows, cache, plan.kv_format, kv_lens, page_size,
+                                                                torch.Generator().manual_seed(SEED))}
+    max_q_len = max(s[0] for s in segments)
+    for case, (case_cache, *kv_index) in cases.items():
+        out = torch.full((q.shape[0], num_heads, V_HEAD_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+        extra = {"lse": torch.full(q.shape[:2], float("nan"), dtype=torch.float32, device=device)} if return_lse else {}
+        splits = f"{case}with {plan.num_splits} split(s)"
+        try:
+            run(q, case_cache, plan.kv_format, qo, *kv_index, out, plan, sm_scale, max_q_len, **extra)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as error:  # any launch or runtime error means the variant cannot be trusted
+            return f"{splits} the kernel raised {type(error).__name__}: {error}"
+        passed, err, bound = strict_verdict(out, ref, plan.kv_format, plan.backend, sm_scale)
+        if not passed:
+            return (f"{splits} the relative L2 error {err:.3g} against exact attention exceeds the strict bound "
+                    f"{bound} (sm_scale {sm_scale:.4g})")
+        if return_lse:
+            err, bound = lse_error(extra["lse"], ref_lse), lse_bound(plan.backend, sm_scale)
+            if not err <= bound:
+                return f"{splits} the LSE is {err:.3g} (natural log) from the exact one, over the bound {bound}"
     return None

@@ -2,14 +2,17 @@
 
 1. `check_inputs` reads only host-side metadata (dtype, shape, device, strides) and costs no device->host sync:
    every call runs it (decode, DecodePlan.run, custom_kernel), whatever was planned or cached before.
-2. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU): plan() runs it when it reads the lengths,
-   DecodePlan.run when asked (`validate=True`), custom_kernel the first time it sees a batch layout, and the
-   torch backend on every call (it reads them on the host anyway).
+2. `check_indptr_contents` reads the indptr VALUES (one sync on a GPU): plan() runs it when it reads the lengths
+   (max_q_len or max_kv_len not given), DecodePlan.run when asked (`validate=True`), custom_kernel the first time it
+   sees a batch layout, and the torch backend on every call (it reads them on the host anyway).
 3. The compiled kernels read the indptr contents on the device, so a bad one after a good call cannot be seen on
    the host without a sync. The guarantee there: a kernel never reads or writes out of bounds, whatever the
    indptr arrays hold (every segment is clamped to the tensors), and it records any violation of the rules below
-   in the device's error flag (`device_error_flag`). The next plan on that device, or `raise_device_errors`,
-   raises it as a ValueError; the output of the call that broke the rules is not attention of its inputs.
+   in the device's error flag (`device_error_flag`); the output of the call that broke the rules is not attention
+   of its inputs. The flag is read (one sync) and raised as a ValueError only at these points, never by plan() /
+   plan_paged(), which an engine calls every step: `raise_device_errors()` (the explicit call, e.g. once per
+   engine step or when a step's output looks wrong), a run / decode with `validate=True`, and decode_paged (which
+   reads the index contents on the host anyway).
 The rules: both arrays start at 0 and never decrease; qo_indptr ends at total_q; kv_indptr ends within the cache.
 Error types: TypeError for dtypes, ValueError for shapes and contents, RuntimeError for devices.
 """
@@ -17,8 +20,8 @@ import operator
 
 import torch
 
-from .constants import (KV_FORMATS, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM, SUPPORTED_NUM_HEADS,
-                        V_HEAD_DIM)
+from .constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM,
+                        SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
 from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE, mxfp4_scale_shape
 
 INDPTR_DTYPE = torch.int32
@@ -30,12 +33,13 @@ _error_flags = {}   # torch.device -> its flag tensor: one per device this proce
 PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 FP8_DATA_DTYPES = (FP8_DTYPE, torch.uint8)   # e4m3fn, or its bytes as serving engines often hold them
+DS_MLA_DTYPES = (torch.uint8, FP8_DTYPE)     # vLLM holds fp8_ds_mla rows as uint8, FlashMLA views them as e4m3fn
 FP8_SCALE_SHAPES = ((), (1,))               # one float32 per tensor: 0-dim (vLLM's k_scale) or (1,)
 
 
 def check_kv_format(kv_format: str) -> None:
-    if kv_format not in KV_FORMATS:
-        raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(KV_FORMATS)}")
+    if kv_format not in SERVED_KV_FORMATS:
+        raise ValueError(f"unknown kv_format {kv_format!r}; expected one of {', '.join(SERVED_KV_FORMATS)}")
 
 
 def check_fp8_scale(scale, device, anchor: str = "q") -> None:
@@ -109,6 +113,10 @@ def check_kv_cache(kv_cache, kv_format: str, device: torch.device) -> int:
         check_tensor("kv_cache (bf16)", kv_cache, (torch.bfloat16,), device)
         _check_kv_rows("kv_cache (bf16)", kv_cache, QK_HEAD_DIM)
         return kv_cache.shape[0]
+    if kv_format == DS_MLA_FORMAT:
+        check_tensor("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_DTYPES, device)
+        _check_kv_rows("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_ROW_BYTES)
+        return kv_cache.shape[0]
     if kv_format == "fp8":
         data, scale = _unpack_pair(kv_cache, kv_format, "data, scale")
         check_tensor("fp8 kv data", data, FP8_DATA_DTYPES, device)
@@ -156,7 +164,9 @@ def _rows_if_valid(q, kv_cache, kv_format, qo_indptr, kv_indptr):
         return None
     if kv_format == "bf16":
         return _rows_if_valid_rows(kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device)
-    if kv_format not in KV_FORMATS or not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
+    if kv_format == DS_MLA_FORMAT:
+        return _rows_if_valid_rows(kv_cache, DS_MLA_DTYPES, DS_MLA_ROW_BYTES, device)
+    if kv_format not in SERVED_KV_FORMATS or not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
         return None
     data, aux = kv_cache
     if not isinstance(aux, Tensor) or aux.device != device or not aux.is_contiguous():

@@ -7,11 +7,13 @@ could; the accuracy checks must refuse every one at the strict bounds while the 
 - output_x0.96: every output 4% small (the problem's outputs are ~0.02: this is what a loose bound lets through);
 - mxfp4_scale_exponent_plus_one: every e8m0 block scale read one exponent too high;
 - fp8_scale_e4m3fnuz: the per-tensor scale taken for gfx942's e4m3fnuz (max 240) instead of e4m3fn (max 448).
+And one that only a check at a caller's own scale can see, kept out of MUTATIONS (whose checks run the problem's):
+- ignores_sm_scale: the problem's 1/sqrt(576) whatever sm_scale the caller passes (a constant folded into a kernel).
 """
 import torch
 
 from mixed_mla import formats
-from mixed_mla.constants import KV_FORMATS, MXFP4_BLOCKS_PER_ROW
+from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, MXFP4_BLOCKS_PER_ROW
 
 E4M3FN_MAX, E4M3FNUZ_MAX = 448.0, 240.0
 OUTPUT_FACTOR = 0.96
@@ -65,6 +67,12 @@ def fp8_scale_e4m3fnuz(run):
         data, scale = kv_cache
         run(q, (data, scale * (E4M3FN_MAX / E4M3FNUZ_MAX)), kv_format, qo_indptr, kv_indptr, out, plan, sm_scale,
             max_q_len, **kwargs)
+    return mutated
+
+
+def ignores_sm_scale(run):
+    def mutated(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, **kwargs):
+        run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, DEFAULT_SM_SCALE, max_q_len, **kwargs)
     return mutated
 
 

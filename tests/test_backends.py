@@ -7,7 +7,7 @@ import pytest
 
 from mixed_mla import api, backends, planner
 from mixed_mla.backends import BackendSpec
-from mixed_mla.constants import KV_FORMATS, SUPPORTED_NUM_HEADS
+from mixed_mla.constants import SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS
 from mixed_mla import kernels
 
 
@@ -16,7 +16,7 @@ def test_every_registered_backend_declares_a_coherent_spec(name):
     spec = backends.spec(name)
     module = backends.module(name)
     assert spec.name == name and callable(module.available) and callable(module.run)
-    assert set(spec.formats) <= set(KV_FORMATS) and spec.fastest_format in spec.formats
+    assert set(spec.formats) <= set(SERVED_KV_FORMATS) and spec.fastest_format in spec.formats
     assert set(spec.num_heads) <= set(SUPPORTED_NUM_HEADS) and spec.num_heads
     assert all(v in spec.variants and set(f) <= set(spec.formats) for v, f in spec.variant_formats.items())
     assert all(v in spec.variants for v in spec.tile_tokens)
@@ -27,7 +27,7 @@ def test_every_registered_backend_declares_a_coherent_spec(name):
 
 def test_the_fallback_serves_every_format_and_head_count_on_any_device():
     spec = backends.spec(backends.FALLBACK)
-    assert spec.formats == KV_FORMATS and spec.num_heads == SUPPORTED_NUM_HEADS and spec.archs == ()
+    assert spec.formats == SERVED_KV_FORMATS and spec.num_heads == SUPPORTED_NUM_HEADS and spec.archs == ()
     assert backends.unavailable_reason(backends.FALLBACK, "cpu") is None
 
 

@@ -6,10 +6,12 @@ count (0.0017-0.0025 in the release check), and a wrong tile, split or mask fail
 segments, lengths 1, q_len 1-4 (causal MTP), every head count and split counts that do and do not divide the tiles.
 Every split count runs both merges: the merge kernel and the fused one (Plan.fused: the last split CTA of a (row, head
 group) merges, found by an arrival counter that each call must leave at 0). The LSE (run's lse=) is checked against a
-float64 logsumexp written out below.
+float64 logsumexp written out below. Every kind of check also runs at the caller's sm_scale (DeepSeek's YaRN scale and
+a flat one, exact.CHECKED_SM_SCALES), and a kernel rebuilt to ignore the caller's scale must fail there.
 """
 import math
 import itertools
+import shutil
 
 import pytest
 import torch
@@ -19,6 +21,10 @@ from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS
 from mixed_mla.planner import Plan, variants
 
 TIGHT_BOUND = exact.STRICT_BOUND[("bf16", "cuda_sm90")]   # the same for fp8 and mxfp4
+# The scales a caller passes besides the problem's 1/sqrt(576): the bound holds at each (Q is read exactly, so the
+# error does not grow with the scale: exact.strict_bound gives this path the same bound in every class).
+CALLER_SCALES = {"yarn": exact.DEEPSEEK_YARN_SM_SCALE, "flat": exact.FLAT_SM_SCALE}
+at_callers_scales = pytest.mark.parametrize("sm_scale", list(CALLER_SCALES.values()), ids=list(CALLER_SCALES))
 
 cuda_sm90 = pytest.importorskip("mixed_mla.backends.cuda_sm90")
 if not torch.cuda.is_available() or cuda_sm90.available(torch.device("cuda")) is not None:
@@ -71,10 +77,11 @@ def _cache(kv, kv_format):
         kv_format]()
 
 
-def _run(q, cache, kv_format, qo, kvi, splits, max_q_len, variant="", fused=False, lse=None, workspace=None):
+def _run(q, cache, kv_format, qo, kvi, splits, max_q_len, variant="", fused=False, lse=None, workspace=None,
+         sm_scale=DEFAULT_SM_SCALE):
     out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant, fused=fused)
-    cuda_sm90.run(q, cache, kv_format, qo, kvi, out, plan, DEFAULT_SM_SCALE, max_q_len, workspace=workspace, lse=lse)
+    cuda_sm90.run(q, cache, kv_format, qo, kvi, out, plan, sm_scale, max_q_len, workspace=workspace, lse=lse)
     torch.cuda.synchronize()
     return out
 
@@ -92,6 +99,63 @@ def test_matches_exact_attention(layout, splits, fused, kv_format, variant):
     err = exact.strict_error(out, q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE)
     assert err < TIGHT_BOUND, f"relative L2 {err:.2e} for {layout}, splits {splits}, fused {fused}, {kv_format} " \
                               f"{variant!r}"
+
+
+@at_callers_scales
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+@_split_merges([1, 8])
+@pytest.mark.parametrize("layout", [LAYOUTS[4], LAYOUTS[6], LAYOUTS[8], LAYOUTS[9], WRONG_GUESS_LAYOUTS[0]],
+                         ids=["varlen_mtp", "h128", "h8", "h4", "wrong_guess0"])
+def test_matches_exact_attention_at_the_callers_scale(layout, splits, fused, kv_format, variant, sm_scale):
+    q_lens, kv_lens, num_heads = layout
+    q, kv, qo, kvi = _case(q_lens, kv_lens, num_heads, seed=len(q_lens) * 37 + splits)
+    cache = _cache(kv, kv_format)
+    out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens), variant, fused, sm_scale=sm_scale)
+    err = exact.strict_error(out, q, cache, kv_format, qo, kvi, sm_scale)
+    assert err < exact.strict_bound(kv_format, "cuda_sm90", sm_scale), \
+        f"relative L2 {err:.2e} at sm_scale {sm_scale:.4g} for {layout}, splits {splits}, fused {fused}, {kv_format}"
+
+
+def _kernels_ignoring_sm_scale(tmp_path):
+    """The sm90 kernels rebuilt with the caller's scale replaced by the problem's (a constant folded in)."""
+    from torch.utils.cpp_extension import load_inline
+    from mixed_mla.kernels import COMMON_DIR, materialize, read
+    src = tmp_path / "sm90_decode"
+    shutil.copytree(materialize(cuda_sm90.KERNEL_DIR), src)
+    operands = src / "qk_operands.cuh"
+    text = operands.read_text()
+    assert text.count("p.sm_scale_log2") == 2
+    operands.write_text(text.replace("p.sm_scale_log2", f"{DEFAULT_SM_SCALE * math.log2(math.e)!r}f"))
+    return load_inline(name="mixed_mla_sm90_ignores_sm_scale",
+                       cpp_sources=[read(f"{cuda_sm90.KERNEL_DIR}/binding.cpp")],
+                       cuda_sources=[(src / "decode.cu").read_text()], functions=["forward"],
+                       extra_include_paths=[str(src), str(materialize(COMMON_DIR))],
+                       extra_cuda_cflags=[*cuda_sm90.ARCH_FLAGS, "-O3", "-std=c++17"], no_implicit_headers=True,
+                       build_directory=str(src))
+
+
+def test_a_kernel_that_ignores_sm_scale_fails_at_the_callers_scale(tmp_path, monkeypatch):
+    """Right at 1/sqrt(576), all these tests and the self-check ran before; refused at DeepSeek's scale and a flat
+    one, by the strict check and by the first-use self-check (selfcheck.verified at the call's scale)."""
+    from mixed_mla import selfcheck
+    monkeypatch.setattr(selfcheck, "_results", {})   # no verdict remembered from the real kernels
+    mutated = _kernels_ignoring_sm_scale(tmp_path)
+
+    def run(q, cache, kv_format, qo, kvi, out, plan, sm_scale, max_q_len, **extra):
+        mutated.forward(*cuda_sm90.forward_arguments(q, cache, kv_format, qo, kvi, out, plan, sm_scale, max_q_len,
+                                                     **extra))
+
+    q, kv, qo, kvi = _case([2, 3, 1, 4], [700, 64, 1, 3000], 16, seed=61)
+    plan = Plan(backend="cuda_sm90", kv_format="fp8", num_splits=4, variant="")
+    cache = _cache(kv, "fp8")
+    for name, sm_scale in {"default": DEFAULT_SM_SCALE, **CALLER_SCALES}.items():
+        out = torch.full((q.shape[0], 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        run(q, cache, "fp8", qo, kvi, out, plan, sm_scale, 4)
+        torch.cuda.synchronize()
+        err = exact.strict_error(out, q, cache, "fp8", qo, kvi, sm_scale)
+        assert (err < TIGHT_BOUND) == (name == "default"), (name, err)
+        assert name == "default" or err > 10 * TIGHT_BOUND   # 0.64 at DeepSeek's, 0.17 at 0.01 on the self-check layout
+        assert selfcheck.verified("cuda_sm90", run, plan, "cuda", sm_scale=sm_scale) == (name == "default")
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -232,20 +296,20 @@ def _paged_case(q_lens, kv_lens, num_heads, page_size, kv_format, seed, spare_pa
                            spare_pages=spare_pages)
 
 
-def _run_paged(case, kv_format, splits, variant, out=None, fused=False, lse=None):
+def _run_paged(case, kv_format, splits, variant, out=None, fused=False, lse=None, sm_scale=DEFAULT_SM_SCALE):
     q, cache, _, qo, _, table, lens = case
     out = torch.full((q.shape[0], q.shape[1], 512), float("nan"), dtype=torch.bfloat16, device="cuda") \
         if out is None else out
     plan = Plan(backend="cuda_sm90", kv_format=kv_format, num_splits=splits, variant=variant, fused=fused)
-    cuda_sm90.run_paged(q, cache, kv_format, qo, table, lens, out, plan, DEFAULT_SM_SCALE, max(1, int(
+    cuda_sm90.run_paged(q, cache, kv_format, qo, table, lens, out, plan, sm_scale, max(1, int(
         (qo[1:] - qo[:-1]).max())), lse=lse)
     return out
 
 
-def _paged_error(out, case, kv_format):
+def _paged_error(out, case, kv_format, sm_scale=DEFAULT_SM_SCALE):
     q, _, contiguous, qo, kvi, _, _ = case
     torch.cuda.synchronize()
-    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, sm_scale)
 
 
 @pytest.mark.parametrize("kv_format,variant", PAGED_FORMAT_VARIANTS)
@@ -257,6 +321,18 @@ def test_paged_kernels_match_exact_attention(kv_format, variant, page_size, spli
     err = _paged_error(_run_paged(case, kv_format, splits, variant, fused=fused), case, kv_format)
     assert err < TIGHT_BOUND, f"relative L2 {err:.2e}, page {page_size}, splits {splits}, fused {fused}, " \
                               f"{kv_format} {variant!r}"
+
+
+@at_callers_scales
+@pytest.mark.parametrize("kv_format,variant", PAGED_FORMAT_VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 64])
+@_split_merges([1, 8])
+def test_paged_kernels_at_the_callers_scale(kv_format, variant, page_size, splits, fused, sm_scale):
+    case = _paged_case([1, 2, 3, 4, 1], [1, 64, 130, 700, 0], 16, page_size, kv_format, seed=page_size + 7 * splits)
+    out = _run_paged(case, kv_format, splits, variant, fused=fused, sm_scale=sm_scale)
+    err = _paged_error(out, case, kv_format, sm_scale)
+    assert err < exact.strict_bound(kv_format, "cuda_sm90", sm_scale), \
+        f"relative L2 {err:.2e} at sm_scale {sm_scale:.4g}, page {page_size}, splits {splits}, fused {fused}"
 
 
 def test_paged_fp8_variant_follows_the_page_size():
@@ -400,6 +476,21 @@ def test_lse_matches_float64_logsumexp(layout, splits, fused, kv_format, variant
     _, reference = exact.exact_attention(q, cache, kv_format, qo, kvi, DEFAULT_SM_SCALE, return_lse=True)
     err = exact.lse_error(lse, reference)
     assert err < LSE_TOLERANCE, f"LSE off by {err:.2e}, splits {splits}, fused {fused}, {kv_format} {variant!r}"
+
+
+@at_callers_scales
+@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+@_split_merges([1, 3])
+def test_lse_at_the_callers_scale(splits, fused, kv_format, variant, sm_scale):
+    q_lens, kv_lens, num_heads = LAYOUTS[4]
+    q, kv, qo, kvi = _case(q_lens, kv_lens, num_heads, seed=71 + splits)
+    cache = _cache(kv, kv_format)
+    lse = torch.full(q.shape[:2], math.nan, dtype=torch.float32, device="cuda")
+    out = _run(q, cache, kv_format, qo, kvi, splits, max(q_lens), variant, fused, lse=lse, sm_scale=sm_scale)
+    reference, reference_lse = exact.exact_attention(q, cache, kv_format, qo, kvi, sm_scale, return_lse=True)
+    assert exact.relative_l2(out, reference) < exact.strict_bound(kv_format, "cuda_sm90", sm_scale)
+    err = exact.lse_error(lse, reference_lse)
+    assert err < LSE_TOLERANCE, f"LSE off by {err:.2e} at sm_scale {sm_scale:.4g}, splits {splits}, fused {fused}"
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -115,7 +115,7 @@ def test_bad_input_after_a_good_call_with_the_same_layout_is_refused(make_case, 
     change(fields)
     bad = (fields["q"], fields["kv_data"], fields["qo_indptr"], fields["kv_indptr"], fields["config"])
     if fields["q"].shape == q.shape and fields["config"] == config:
-        key = (3, 1, 200, 16, q.shape, kv_data["bf16"].shape, q.device)
+        key = (3, 1, 200, 16, q.shape, kv_data["bf16"].shape, q.device, config["sm_scale"])
         assert key in entry._plans                                      # the same layout key: the cached plan
     with pytest.raises(error) as raised:
         entry.custom_kernel(bad)

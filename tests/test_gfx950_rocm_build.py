@@ -41,8 +41,13 @@ def build(*args):
 
 
 @pytest.fixture(scope="module")
-def rocm_build(prerequisites):
-    return build()
+def kept_object(tmp_path_factory):
+    return tmp_path_factory.mktemp("code_object") / "hip-gfx950.hsaco"
+
+
+@pytest.fixture(scope="module")
+def rocm_build(prerequisites, kept_object):
+    return build("--keep-object", str(kept_object))
 
 
 def test_torch_writes_one_hipified_unit_with_its_rocm_flags(rocm_build):
@@ -150,3 +155,64 @@ def test_the_code_object_check_knows_which_variants_prefetch():
     config = (ROOT / "mixed_mla/kernels/gfx950/decode/config.h").read_text()
     assert "return occ == 4 ? 1 : occ == 3 ? 2 : 3;" in config
     assert rocm_build_tool.gfx950_code_object.BUFFERS == {4: 1, 3: 2, 2: 3}
+
+
+def test_the_prefetch_check_fails_the_real_object_with_a_wait_before_every_k_read(rocm_build, kept_object):
+    """The review's counter-example: vmcnt(0) before every ds_read_b128 of stage1_mxfp4_occ2. Its scales' ds_read_u8
+    still has a path with a tile in flight, but each K read is followed to its own wait, and those fail."""
+    code = rocm_build_tool.gfx950_code_object.disassembly(kept_object)["stage1_mxfp4_occ2"]
+    assert rocm_build_tool.gfx950_code_object.tile_pipeline(code)["overlap_survives"]
+    mutated = []
+    for address, mnemonic, operands in code:
+        if mnemonic == "ds_read_b128":
+            mutated.append((address, "s_waitcnt", "vmcnt(0)"))   # branches to the read land on the wait
+        mutated.append((address, mnemonic, operands))
+    pipeline = rocm_build_tool.gfx950_code_object.tile_pipeline(mutated)
+    assert not pipeline["overlap_survives"]
+    assert any(r.endswith("ds_read_b128") for r in pipeline["reads_without_overlap"])
+    kernel = rocm_build_tool.gfx950_code_object.KernelObject(name="stage1_mxfp4_occ2", vgpr_count=154,
+                                                              max_flat_workgroup_size=256,
+                                                              group_segment_fixed_size=30720, tile_pipeline=pipeline)
+    assert any("prefetch overlap is lost" in p for p in rocm_build_tool.gfx950_code_object.check(kernel))
+
+
+def test_the_prefetch_check_counts_every_vector_memory_operation():
+    # a global load issued after the tile's direct-to-LDS load counts in vmcnt too: vmcnt(1) then retires the tile
+    loop = ["ds_read_b128 v[0:3], v4", "v_mfma_scale_f32_16x16x128_f8f6f4 v[8:11], v[0:7], v[0:7], 0, v1, v1",
+            "global_load_lds_dwordx4 v[4:5], off", "global_load_dword v6, v[4:5], off", "s_waitcnt vmcnt(1)",
+            "s_branch 65530", "s_endpgm"]
+    tile_pipeline = rocm_build_tool.gfx950_code_object.tile_pipeline
+    assert not tile_pipeline(_instructions(loop))["overlap_survives"]
+    loop[4] = "s_waitcnt vmcnt(2)"
+    assert tile_pipeline(_instructions(loop))["overlap_survives"]
+
+
+def test_the_code_object_check_finds_an_lds_store_that_reaches_a_barrier_unwaited():
+    # occ4's Q as it was: wave 0's ds_write, then the loop's s_barrier with no lgkmcnt(0) between them
+    listing = ["ds_write_b128 v1, v[4:7]", "s_waitcnt vmcnt(0)", "s_barrier", "ds_read_b128 v[8:11], v1", "s_endpgm"]
+    unreleased = rocm_build_tool.gfx950_code_object.unreleased_lds_stores
+    code = _instructions(listing)
+    edges = rocm_build_tool.gfx950_code_object.successors(code)
+    assert unreleased(code, edges) == [0]
+    listing[1] = "s_waitcnt vmcnt(0) lgkmcnt(0)"
+    assert unreleased(_instructions(listing), edges) == []
+
+
+def test_llvm_mca_counts_every_shipped_variants_loop_beside_the_budget(rocm_build, capsys):
+    """Cycles per token of each stage-1 tile loop as llvm-mca counts them from the linked object, printed beside
+    the HBM budget whatever pytest's capture (a count, not an assertion on speed)."""
+    _, result = rocm_build
+    counts = {c["kernel"]: c for c in result["code_object"]["mca"]}
+    assert set(counts) == {k for k in LAUNCHED_KERNELS if k.startswith("stage1_")}
+    with capsys.disabled():
+        print("\n" + rocm_build_tool.gfx950_mca.format_table(list(counts.values())))
+    for c in counts.values():
+        assert c["clocks_per_token"] >= c["issue_bound_clocks_per_token"] > 0, c
+
+
+def test_the_mca_count_knows_each_formats_tile_chunks():
+    config = (ROOT / "mixed_mla/kernels/gfx950/decode/config.h").read_text()
+    for name, chunks in (("FP8_TILE_BYTES", 18), ("FP4_PACKED_TILE_BYTES", 9)):
+        assert re.search(rf"constexpr int {name} = TILE_TOKENS \* \w+;\s+// \d+ = {chunks} chunks", config), name
+    assert "TILE_CHUNKS = FP4_PACKED_TILE_CHUNKS + 1;" in (ROOT / "mixed_mla/kernels/gfx950/decode/kv_mxfp4.h").read_text()
+    assert rocm_build_tool.gfx950_mca.TILE_CHUNKS == {"fp8": 18, "mxfp4": 9 + 1}

@@ -6,7 +6,7 @@ import torch
 
 import reference
 import utils
-from mixed_mla import exact, formats
+from mixed_mla import exact, exact_formats, formats
 from mixed_mla.constants import KV_FORMATS, QK_HEAD_DIM, V_HEAD_DIM
 
 
@@ -159,11 +159,12 @@ def test_ref_kernel_follows_the_causal_rule_and_zeroes_rows_without_keys():
 # ---- the strict check ----
 
 def attention_on(data, kv_format, keep_every=1):
-    """Exact attention on the `kv_format` cache, optionally on every `keep_every`-th token only."""
+    """Exact attention on the `kv_format` cache, optionally on every `keep_every`-th token only (the oracle's decode
+    of the cache, subsampled: never the library's dequantiser, which the check must be able to catch)."""
     q, kv_data, qo_indptr, kv_indptr, config = data
     if keep_every == 1:
         return exact_on(data, kv_format).to(torch.bfloat16)
-    kv = formats.dequantize(kv_data[kv_format], kv_format)[::keep_every].reshape(-1, 1, QK_HEAD_DIM)
+    kv = exact_formats.decode(kv_data[kv_format], kv_format)[::keep_every].reshape(-1, 1, QK_HEAD_DIM)
     return exact.exact_attention(q, kv, "bf16", qo_indptr, kv_indptr // keep_every,
                                  config["sm_scale"]).to(torch.bfloat16)
 

@@ -1,14 +1,16 @@
 """The gfx950 kernels, checked on CPU two ways against the strict bound.
 
 1. emulator/gfx950/hip_twin: a torch statement of their arithmetic order (scaled fp8 Q, tiles and splits, exp2 softmax,
-   bf16 P and V, bf16 partials, the merge), property-tested on random layouts. Negative: an unscaled Q fails.
+   bf16 P and V, bf16 partials, the merge), property-tested on random layouts at the problem's sm_scale, DeepSeek's
+   YaRN scale and a flat one (exact.CHECKED_SM_SCALES). Negative: an unscaled Q fails.
 2. The kernel source itself on CPU lanes (emulator/gfx950: one fiber per lane, builtins emulated from the cited
    fact base, direct-to-LDS loads poison until their s_waitcnt): it must meet the bound, match the twin, and never
-   load outside the cache for garbage indptr. Negatives: an out-of-bounds load and a disabled load wait are caught;
-   the wrong-hardware-fact negatives are tests/test_isa_mutations.py.
+   load outside the cache for garbage indptr, at the caller's sm_scale too. Negatives: an out-of-bounds load, a
+   disabled load wait and a kernel that ignores sm_scale are caught; the wrong-hardware-fact negatives are
+   tests/test_isa_mutations.py.
 3. The fused single-launch kernels on CPU lanes under the cross-workgroup visibility model, several calls in a row
    on one set of counters; the natural-log LSE of every path against float64 logsumexp. Negatives: a counter left
-   non-zero, a missing release fence, and an LSE left in base 2 fail.
+   non-zero, a missing release fence, an LSE left in base 2 and one split of 16 left out of the LSE fail.
 """
 import math
 import re
@@ -27,6 +29,7 @@ from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
 
 BOUND = exact.path_bounds("hip_gfx950")   # {kv_format: strict bound}
+OFF_BY_4_PERCENT = 0.96                     # an output this much small must fail every bound
 
 CONFIG_H = Path(__file__).resolve().parents[1] / "mixed_mla/kernels/gfx950/decode/config.h"
 
@@ -59,10 +62,22 @@ def _inputs(layout: Layout, kv_format: str):
     return q, cache, qo, kvp
 
 
-def _twin_error(layout: Layout, kv_format: str, scale_q: bool = True) -> float:
+def _twin_error(layout: Layout, kv_format: str, scale_q: bool = True, sm_scale: float = DEFAULT_SM_SCALE) -> float:
     q, cache, qo, kvp = _inputs(layout, kv_format)
-    out = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, layout.num_splits, scale_q=scale_q)
-    return exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950")
+    out = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, sm_scale, layout.num_splits, scale_q=scale_q)
+    return exact.strict_error(out, q, cache, kv_format, qo, kvp, sm_scale, "hip_gfx950")
+
+
+def _oracle(q, cache, kv_format, qo, kvp, sm_scale=DEFAULT_SM_SCALE):
+    """(out, lse) of exact attention with Q as the gfx950 kernels round it (exact.path_attention), the self-check's."""
+    return exact.path_attention(q, cache, kv_format, qo, kvp, sm_scale, "hip_gfx950", return_lse=True)
+
+
+def _bound(kv_format: str, sm_scale: float) -> float:
+    return exact.strict_bound(kv_format, "hip_gfx950", sm_scale)
+
+
+SCALES = {"default": DEFAULT_SM_SCALE, "yarn": exact.DEEPSEEK_YARN_SM_SCALE, "flat": exact.FLAT_SM_SCALE}
 
 
 def test_mirrored_constants_match_the_kernel_config():
@@ -73,11 +88,17 @@ def test_mirrored_constants_match_the_kernel_config():
     assert abs(float(re.search(r"constexpr float LOG2E = ([\d.]+)f;", text).group(1)) - hip_twin.LOG2E) < 1e-7
 
 
+@pytest.mark.parametrize("sm_scale", SCALES.values(), ids=SCALES.keys())
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
-def test_problem_shape_with_many_splits(kv_format):
-    # bs 4, kv 1024, 16 splits: the seed's choice for this benchmark shape
-    err = _twin_error(Layout(((1, 1024),) * 4, num_splits=16, seed=4217), kv_format)
-    assert err <= BOUND[kv_format], err
+def test_problem_shape_with_many_splits(kv_format, sm_scale):
+    # bs 4, kv 1024, 16 splits: the seed's choice for this benchmark shape; an output 4% off fails the bound at every
+    # scale (the oracle rounds Q as the kernels do, so their fp8 Q does not swell the error at a sharp softmax)
+    q, cache, qo, kvp = _inputs(Layout(((1, 1024),) * 4, num_splits=16, seed=4217), kv_format)
+    out = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, sm_scale, 16)
+    err = exact.strict_error(out, q, cache, kv_format, qo, kvp, sm_scale, "hip_gfx950")
+    assert err <= _bound(kv_format, sm_scale), err
+    off = exact.strict_error(out.float() * OFF_BY_4_PERCENT, q, cache, kv_format, qo, kvp, sm_scale, "hip_gfx950")
+    assert off > 2 * _bound(kv_format, sm_scale), off
 
 
 @st.composite
@@ -91,11 +112,11 @@ def layouts(draw):
 
 
 @settings(max_examples=30, deadline=None)
-@given(layout=layouts(), kv_format=st.sampled_from(["fp8", "mxfp4"]))
-def test_twin_meets_the_strict_bound_on_random_layouts(layout, kv_format):
+@given(layout=layouts(), kv_format=st.sampled_from(["fp8", "mxfp4"]), sm_scale=st.sampled_from(list(SCALES.values())))
+def test_twin_meets_the_strict_bound_on_random_layouts(layout, kv_format, sm_scale):
     # variable lengths, empty segments, q_len 1-4 with the causal rule, partial tiles, empty splits, and |q|
-    # from 1e-3 to 1e3 (the cache scaled inversely so the scores stay ~N(0, 1))
-    assert _twin_error(layout, kv_format) <= BOUND[kv_format]
+    # from 1e-3 to 1e3 (the cache scaled inversely so the scores stay ~N(0, 1) at the problem's scale)
+    assert _twin_error(layout, kv_format, sm_scale=sm_scale) <= _bound(kv_format, sm_scale)
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
@@ -154,6 +175,39 @@ def test_kernel_source_on_cpu_lanes_meets_the_bound_and_matches_the_twin(lane_em
     twin = hip_twin.twin_decode(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, 3)
     # same arithmetic: only the float summation order and the emulator's 1-ulp exp2/log2 differ (a wrong layout ~1)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
+
+
+@pytest.mark.parametrize("sm_scale", [exact.DEEPSEEK_YARN_SM_SCALE, exact.FLAT_SM_SCALE], ids=["yarn", "flat"])
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_kernel_source_on_cpu_lanes_at_the_callers_scale(lane_emulator, kv_format, sm_scale):
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    lse = torch.full(q.shape[:2], float("nan"))
+    error, out = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=3, lse=lse,
+                            sm_scale=sm_scale)
+    assert not error
+    ref, ref_lse = _oracle(q, cache, kv_format, qo, kvp, sm_scale)
+    assert exact.relative_l2(out, ref) <= _bound(kv_format, sm_scale)
+    assert exact.relative_l2(out, hip_twin.twin_decode(q, cache, kv_format, qo, kvp, sm_scale, 3)) < TWIN_AGREEMENT
+    assert exact.lse_error(lse, ref_lse) <= exact.lse_bound("hip_gfx950", sm_scale)
+
+
+def test_the_emulator_catches_a_kernel_that_ignores_sm_scale(tmp_path, ziglang):
+    # the kernels with the caller's scale replaced by the problem's (a constant folded in): right at 1/sqrt(576),
+    # which is all any gfx950 check ran before, and refused at DeepSeek's scale and a flat one
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    stage1 = src / "decode/stage1.h"
+    text = stage1.read_text()
+    assert text.count("p.sm_scale_log2") == 1
+    stage1.write_text(text.replace("p.sm_scale_log2", f"{DEFAULT_SM_SCALE * hip_twin.LOG2E!r}f"))
+    lib = lanes.build(src, tmp_path)
+    q, cache, qo, kvp = _poisoned_inputs("fp8")
+    for name, sm_scale in SCALES.items():
+        error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=3, occupancy=3, sm_scale=sm_scale)
+        assert not error
+        err = exact.strict_error(out, q, cache, "fp8", qo, kvp, sm_scale, "hip_gfx950")
+        assert (err <= _bound("fp8", sm_scale)) == (name == "default"), (name, err)
+        assert name == "default" or err > 2 * _bound("fp8", sm_scale)
 
 
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
@@ -309,7 +363,7 @@ def test_fused_kernel_meets_the_bound_matches_the_twin_and_writes_the_lse(lane_e
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND["fp8"]
     twin = hip_twin.twin_decode(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, 3)
     assert exact.relative_l2(out, twin) < TWIN_AGREEMENT
-    _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+    _, reference = _oracle(q, cache, "fp8", qo, kvp)
     assert exact.lse_error(lse, reference) <= LSE_BOUND
     assert not arrivals.any()                      # every counter is back to 0 for the next call
 
@@ -321,10 +375,27 @@ def test_two_kernel_path_writes_the_natural_log_lse(lane_emulator, kv_format, nu
     lse = torch.full(q.shape[:2], float("nan"))
     error, _ = _run_lanes(lane_emulator, q, cache, kv_format, qo, kvp, num_splits, 3, lse=lse)
     assert not error
-    _, reference = exact.exact_attention(q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+    _, reference = _oracle(q, cache, kv_format, qo, kvp)
     assert torch.isinf(reference).any() and exact.lse_error(lse, reference) <= LSE_BOUND
     # negative: the same numbers in base 2 (the kernels' internal unit, unconverted) fail the bound
     assert exact.lse_error(lse / math.log(2), reference) > 10 * LSE_BOUND
+
+
+def test_the_lse_bound_refuses_a_decode_that_drops_one_of_16_splits(lane_emulator):
+    # 16 splits of one 32-token tile each over 512 keys: each holds ~1/16 of a row's softmax mass, so a merge that
+    # leaves one out lowers the LSE by about ln(16/15) = 0.065 nats. The kernel's LSE passes the bound; the oracle's
+    # LSE with split 5's keys gone (an exact decode of the rest) does not.
+    layout = Layout(((1, 512), (1, 512)), num_splits=16, seed=21)
+    q, (data, scale), qo, kvp = _inputs(layout, "fp8")
+    lse = torch.full(q.shape[:2], float("nan"))
+    error, _ = _run_lanes(lane_emulator, q, (data, scale), "fp8", qo, kvp, 16, 3, lse=lse)
+    _, reference = _oracle(q, (data, scale), "fp8", qo, kvp)
+    assert not error and exact.lse_error(lse, reference) <= LSE_BOUND
+    first, end = (t * hip_twin.TILE_TOKENS for t in hip_twin.split_tiles(512, 16)[5])
+    kept = torch.tensor([r for b in range(2) for r in range(b * 512, (b + 1) * 512) if not first <= r % 512 < end])
+    dropped_kvp = torch.tensor([0, 512 - (end - first), 2 * (512 - (end - first))], dtype=torch.int32)
+    _, dropped = _oracle(q, (data[kept], scale), "fp8", qo, dropped_kvp)
+    assert exact.lse_error(dropped, reference) > LSE_BOUND
 
 
 @settings(max_examples=3, deadline=None)
@@ -340,7 +411,7 @@ def test_fused_kernel_on_random_layouts_many_calls_in_a_row(lane_emulator, layou
         error, out = _fused_run(lane_emulator, q, cache, qo, kvp, max(layout.num_splits, 2), occupancy, arrivals, lse)
         assert not error and not arrivals.any()
         assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= BOUND["fp8"]
-        _, reference = exact.exact_attention(q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, return_lse=True)
+        _, reference = _oracle(q, cache, "fp8", qo, kvp)
         assert exact.lse_error(lse, reference) <= LSE_BOUND
 
 
@@ -370,3 +441,53 @@ def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
     error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
     assert not error
     assert exact.strict_error(out, q, cache, "fp8", qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") > 2 * BOUND["fp8"]
+
+
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_the_emulator_catches_occ4s_q_handed_over_without_an_lds_wait(tmp_path, ziglang, kv_format):
+    # occ4 as it was: wave 0 stores Q in LDS and the loop's bare s_barrier hands it to the other waves with no
+    # s_waitcnt lgkmcnt(0) (s_barrier does not wait for LDS stores: lds.barrier_visibility), so they may read it
+    # before it lands; the emulator poisons such stores at the barrier and the output must fail the bound
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    stage1 = src / "decode/stage1.h"
+    text = stage1.read_text()
+    handoff = "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n      workgroup_sync();\n"
+    assert text.count(handoff) == 1
+    stage1.write_text(text.replace(handoff, "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n"))
+    lib = lanes.build(src, tmp_path)
+    q, cache, qo, kvp = _poisoned_inputs(kv_format)
+    error, out = _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=4)
+    assert not error
+    assert not exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950") <= 2 * BOUND[kv_format]
+
+
+@pytest.mark.parametrize("atomics", [1, 3])
+def test_the_emulator_counts_every_vector_memory_operation_in_vmcnt(lane_emulator, atomics):
+    # a direct-to-LDS load followed by global atomics: vmcnt(atomics) leaves only the atomics in flight, so the load
+    # has landed; one more left in flight keeps it poison (an emulator counting only direct-to-LDS loads retires
+    # nothing at vmcnt(1) after one load and fails the first half)
+    src = torch.arange(1024, dtype=torch.int32).to(torch.uint8)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics)
+    assert not error and torch.equal(lds, src)
+    error, lds = lanes.load_lds_then_atomics(lane_emulator, src, atomics, left=atomics + 1)
+    assert not error and (lds == 0xFF).all()
+
+
+def test_the_emulator_catches_the_indptr_guards_scan_handed_over_without_an_lds_wait(tmp_path, ziglang):
+    # the indptr guard as it was: its max-scan stored in LDS and read by other waves after bare s_barriers; the
+    # poisoned hand-off loses the running max, so a decreasing entry is neither restored nor flagged
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    guard = src / "decode/indptr_guard.hip"
+    text = guard.read_text()
+    assert text.count("workgroup_sync();") == 4
+    guard.write_text(text.replace("workgroup_sync();", "barrier();"))
+    lib = lanes.build(src, tmp_path)
+    qo = torch.arange(0, 701, dtype=torch.int32)
+    kv = torch.arange(0, 701 * 5, 5, dtype=torch.int32)
+    kv[300] = 10
+    flag = lanes.new_error_flag()
+    error, _, kv_out = lanes.indptr_guard(lib, qo, kv, 700, 4000, flag)
+    assert not error
+    assert not torch.equal(kv_out, torch.cummax(kv, 0).values) and flag[0] == 0

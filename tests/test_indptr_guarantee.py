@@ -1,7 +1,8 @@
 """The guarantee for indptr contents that the host cannot see without a sync (validate.py, tier 3): a compiled
-kernel clamps them, records the violation in its device's error flag, and the next plan on that device, or
-validate.raise_device_errors, raises it. The host half is tested on any machine with a flag set as a kernel sets
-it; the device half on an H200 (skipped elsewhere)."""
+kernel clamps them, records the violation in its device's error flag, and validate.raise_device_errors or a
+validate=True run raises it; plan() never reads the flag (no device->host copy: an engine re-plans every step). The
+host half is tested on any machine with a flag set as a kernel sets it; the device half on an H200 (skipped
+elsewhere)."""
 import pytest
 import torch
 
@@ -25,13 +26,17 @@ def test_a_clean_flag_raises_nothing(cpu_flag, make_case):
     api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
 
 
-def test_the_next_plan_on_the_device_raises_a_recorded_violation_once(cpu_flag, make_case):
+def test_plan_leaves_a_recorded_violation_to_a_validated_run_which_raises_it_once(cpu_flag, make_case):
     _record(cpu_flag, validate.FLAG_BAD_KV_INDPTR, 3)
     _record(cpu_flag, validate.FLAG_BAD_KV_INDPTR, 1)
     case = make_case([1], [8])
+    planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)   # does not read the flag
+    cache = case.cache("bf16")
+    planned.run(case.q, cache, case.qo_indptr, case.kv_indptr)        # nor does an unvalidated run
+    assert cpu_flag[0] == validate.FLAG_BAD_KV_INDPTR
     with pytest.raises(ValueError, match=r"bad kv_indptr contents \(first at segment 1\).*clamped"):
-        api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)
-    api.plan(case.qo_indptr, case.kv_indptr, num_heads=16)    # reported once, then cleared
+        planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, validate=True)
+    planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, validate=True)   # reported once, then cleared
 
 
 def test_the_explicit_check_names_both_arrays(cpu_flag):
@@ -60,5 +65,6 @@ def test_the_sm90_kernel_stays_in_bounds_and_flags_bad_kv_indptr(make_case, bad_
     out = planned.run(case.q, cache, case.qo_indptr, bad)      # accepted at no sync, clamped on the device
     torch.cuda.synchronize()                                   # no illegal address
     assert out.isfinite().all()
+    api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="fp8", backend="cuda_sm90")   # reads no flag
     with pytest.raises(ValueError, match="bad kv_indptr contents"):
-        api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format="fp8", backend="cuda_sm90")
+        validate.raise_device_errors()

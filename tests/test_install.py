@@ -1,9 +1,11 @@
 """The package installs: a wheel built from the repository's tracked package files goes into a fresh venv, and the
 smoke test (tests/install_smoke.py) passes there from outside the repository.
 
-Fast by reuse: the wheel is built with this interpreter's setuptools (no build isolation, no network), the venv has
-no pip of its own and sees the system's site packages (--system-site-packages) and this interpreter's through a .pth
-file (torch is not reinstalled), and the wheel goes in with --no-deps. Only the package and its data are under test
+The wheel is the pure-Python one (MLA_BUILD_KERNELS=0; setup.py); the kernels built ahead of time are built and
+loaded on a GPU machine (docs/design.md#built-kernels). Fast by reuse: the wheel is built with this interpreter's
+setuptools (no build isolation, no network), the venv has no pip of its own and sees the system's site packages
+(--system-site-packages) and this interpreter's through a .pth file (torch is not reinstalled), and the wheel goes in
+with --no-deps. Only the package and its data are under test
 here, not dependency resolution.
 """
 import os
@@ -16,11 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = Path(__file__).resolve().parent / "install_smoke.py"
 # what a clone holds of the package: the tracked files only (git ls-files), so untracked build output never ships
-PACKAGE_PATHS = ("pyproject.toml", "README.md", "mixed_mla")
+PACKAGE_PATHS = ("pyproject.toml", "setup.py", "LICENSE", "README.md", "mixed_mla")
 
 
 def _run(args, cwd, **kwargs):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}   # nothing may reach the repository's package
+    env["MLA_BUILD_KERNELS"] = "0"   # the pure-Python wheel, even where a CUDA torch could build the kernels (setup.py)
     result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, **kwargs)
     assert result.returncode == 0, f"{' '.join(map(str, args))} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout

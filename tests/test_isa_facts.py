@@ -110,7 +110,9 @@ def _matrix(code_bytes, fmt):
 
 def _model_mfma(a, b, fmt_a, fmt_b, scale_a, scale_b):
     """What lane l, register r of the result holds: D[4 (l / 16) + r, l % 16]."""
-    scales = lambda s: torch.pow(2.0, (s.double() - 127).reshape(4, 16).T.repeat_interleave(32, dim=1))  # noqa
+    # the scale of (row i, K k) is that of lane SCALE_LANE[k / 32][i]: the fact's table, whatever map it states
+    lanes = torch.tensor(facts.value("mfma_scale_16x16x128.scale_lane")).T.repeat_interleave(32, dim=1)
+    scales = lambda s: torch.pow(2.0, s.double()[lanes] - 127)  # noqa: E731
     d = (_matrix(a, fmt_a) * scales(scale_a)) @ (_matrix(b, fmt_b) * scales(scale_b)).T
     lane = torch.arange(64)
     return torch.stack([d[4 * (lane // 16) + r, lane % 16] for r in range(4)], dim=1)

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from emulator.gfx950 import lanes
+from emulator.gfx950 import facts, lanes
 from mixed_mla import exact, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
@@ -100,3 +100,18 @@ def test_isa_mutation_a_workgroup_scope_flag_update_is_refused(tmp_path, ziglang
     kvp[1] = -1                                                   # a bad entry: the kernel must record it
     error, _ = lanes.run_decode(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=3)
     assert "scope" in error
+
+
+# The bets (facts.VARIANT_BETS) checked on the kernels: hardware that contradicts a fact a variant does not name
+# still runs it within the strict bound (turning it off would be broader than its bet), and one it names fails it.
+BETS = [("mfma_scale_16x16x128.opsel", (3, 2, 1), ("fp8", "mxfp4")),          # op_sel 1-3: no variant uses them
+        ("mfma_scale_16x16x128.scale_lane", facts.scale_lane_table(1, 4), ("fp8",)),  # fp8 scales are uniform
+        ("mfma_scale_16x16x128.opsel_0", 1, ())]                               # every variant passes op_sel 0
+
+
+@pytest.mark.parametrize("key, wrong, passing", BETS, ids=[b[0] for b in BETS])
+def test_isa_mutation_a_variant_fails_exactly_the_facts_it_bets_on(tmp_path, ziglang, key, wrong, passing):
+    lib = lanes.build(materialize("gfx950"), tmp_path, {key: wrong})
+    for kv_format in ("fp8", "mxfp4"):
+        assert (key in facts.VARIANT_BETS[f"{kv_format}:occ3"]) == (kv_format not in passing)
+        assert _rejected(lib, kv_format) == (kv_format not in passing), kv_format

@@ -314,3 +314,82 @@ def test_the_strict_child_runs_the_submission_here(tmp_path):
         assert record["backend"] == "torch" and record["passed"] and record["lax_passed"]
         assert 0 < record["error"] < record["bound"] == exact.STRICT_BOUND[(record["kv_format"], "torch")]
         assert Path(record["output"]).exists()
+
+
+# ---- failing closed: the code-object checks and the probes turn variants off ----
+
+KERNEL_RUNNING = ("selfcheck:", "layouts:", "eval-", "strict-", "autotune", "aiter-real")
+
+
+def test_the_device_built_code_object_is_checked_before_any_kernel_runs():
+    names = [s.name for s in bringup.default_steps()]
+    steps = {s.name: s for s in bringup.default_steps()}
+    assert names.index("build") < names.index(bringup.CODE_OBJECT_STEP) < names.index(bringup.PROBE_STEP)
+    assert all(names.index(bringup.PROBE_STEP) < i for i, n in enumerate(names) if n.startswith(KERNEL_RUNNING))
+    assert steps[bringup.CODE_OBJECT_STEP].command[2:] == ["--code-object", "{out}/" + bringup.CODE_OBJECT_DISABLE_FILE]
+    assert steps[bringup.CODE_OBJECT_STEP].disables == bringup.CODE_OBJECT_DISABLE_FILE
+    assert "tools/gfx950_probes.py" in steps[bringup.PROBE_STEP].command
+    assert steps[bringup.PROBE_STEP].disables == bringup.PROBE_DISABLE_FILE
+    assert bringup.GFX950_DISABLE == hip_gfx950.DISABLE_ENV
+
+
+def test_a_disabling_step_that_dies_or_leaves_nothing_turns_every_variant_off(tmp_path, monkeypatch):
+    monkeypatch.setenv(bringup.GFX950_DISABLE, "fp8:occ4")            # the user's own list is kept
+    (tmp_path / "probes.txt").write_text("\n")                        # an earlier run's verdict: nothing off
+    writes = lambda text: f"import pathlib; pathlib.Path({str(tmp_path / 'objects.txt')!r}).write_text({text!r})"
+    steps = [fake("objects", writes("mxfp4:occ2\n"), disables="objects.txt"),
+             fake("probes", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", disables="probes.txt"),
+             fake("after", "import os; print('disabled', os.environ['MLA_GFX950_DISABLE'])")]
+    outcomes = bringup.run(steps, tmp_path, [])
+    assert [o.status for o in outcomes] == ["pass", "CRASH", "pass"]
+    assert "disabled fp8:occ4,mxfp4:occ2,*:*" in outcomes[2].tail
+    # a step that found nothing to turn off leaves the list as it was; a file that cannot be read turns all off
+    monkeypatch.setenv(bringup.GFX950_DISABLE, "")
+    bringup.run([fake("objects", writes("\n"), disables="objects.txt")], tmp_path, [])
+    assert os.environ[bringup.GFX950_DISABLE] == ""
+    (tmp_path / "objects.txt").write_bytes(b"\xff\xfe")
+    bringup.apply_disables(steps[0], tmp_path)
+    assert os.environ[bringup.GFX950_DISABLE] == bringup.EVERY_VARIANT
+
+
+def test_a_kernel_that_fails_a_code_object_check_turns_off_its_variants():
+    from gfx950_code_object import KernelObject
+    launch = (ROOT / "mixed_mla/kernels/gfx950/decode/launch.hip").read_text()
+    from emulator.gfx950 import facts
+    kernels = [bringup.stage1_kernel(v) for v in facts.VARIANT_BETS] + ["merge_splits", "indptr_guard"]
+    assert all(f"__global__ void {name}(" in launch for name in kernels)
+
+    def disables(failing=(), missing=()):
+        return bringup.code_object_disables([KernelObject(n, problems=["scratch"] if n in failing else [])
+                                             for n in kernels if n not in missing])
+    assert disables() == []
+    assert disables(failing=["stage1_mxfp4_occ2"]) == ["mxfp4:occ2"]
+    assert disables(failing=["stage1_fused_fp8_occ3"]) == ["fp8:fused_occ3"]
+    assert disables(missing=["stage1_fp8_occ4"]) == ["fp8:occ4"]
+    assert disables(failing=["merge_splits"]) == ["fp8:occ2", "fp8:occ3", "fp8:occ4", "mxfp4:*"]
+    assert disables(failing=["indptr_guard"]) == [bringup.EVERY_VARIANT]
+
+
+def test_the_device_code_object_is_found_in_the_libraries_offload_bundle(tmp_path):
+    import hip_fatbin
+
+    def bundle(entries):
+        header_size = len(hip_fatbin.MAGIC) + 8 + sum(24 + len(t) for t, _ in entries)
+        header, body, at = hip_fatbin.MAGIC + len(entries).to_bytes(8, "little"), b"", header_size
+        for triple, data in entries:
+            header += at.to_bytes(8, "little") + len(data).to_bytes(8, "little") + len(triple).to_bytes(8, "little")
+            header += triple.encode()
+            body, at = body + data, at + len(data)
+        return header + body
+
+    library = tmp_path / "lib.so"
+    library.write_bytes(b"\x7fELF host code" * 50 + bundle([("host-x86_64-unknown-linux-gnu-", b""),
+                                                            ("hipv4-amdgcn-amd-amdhsa--gfx942", b"gfx942 object"),
+                                                            ("hipv4-amdgcn-amd-amdhsa--gfx950:sramecc+:xnack-",
+                                                             b"gfx950 object")]) + b"tail")
+    assert hip_fatbin.code_object(library, "gfx950", tmp_path / "out.co").read_bytes() == b"gfx950 object"
+    with pytest.raises(ValueError, match="no gfx90a code object"):
+        hip_fatbin.code_object(library, "gfx90a", tmp_path / "out.co")
+    library.write_bytes(library.read_bytes() + bundle([("hipv4-amdgcn-amd-amdhsa--gfx950", b"another object")]))
+    with pytest.raises(ValueError, match="2 different gfx950 code objects"):
+        hip_fatbin.code_object(library, "gfx950", tmp_path / "out.co")

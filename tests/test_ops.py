@@ -1,6 +1,7 @@
 """The torch.library ops (mixed_mla/ops.py): opcheck on both, a fullgraph torch.compile of a decode step on CPU (the
 plan made outside the compiled region, new lengths inside), and on an H200 the compiled step captured in a CUDA graph
-and replayed with new lengths and block tables."""
+and replayed with new lengths and block tables. The compiled steps run at a caller's sm_scale (DeepSeek's YaRN scale,
+a flat one): the op must carry it to the kernels."""
 import pytest
 import torch
 
@@ -9,6 +10,9 @@ from mixed_mla import exact, formats, ops
 from mixed_mla.constants import DEFAULT_SM_SCALE
 
 from test_paged import make_paged_case
+
+CALLER_SCALES = {"yarn": exact.DEEPSEEK_YARN_SM_SCALE, "flat": exact.FLAT_SM_SCALE}
+at_callers_scales = pytest.mark.parametrize("sm_scale", list(CALLER_SCALES.values()), ids=list(CALLER_SCALES))
 
 
 def _i32(values, device="cpu"):
@@ -60,25 +64,27 @@ def test_the_op_checks_its_inputs(make_case):
                                    torch.empty(1, 16), planned.op_id, DEFAULT_SM_SCALE)
 
 
-def test_a_compiled_decode_step_has_one_graph_and_serves_new_lengths():
+@at_callers_scales
+def test_a_compiled_decode_step_has_one_graph_and_serves_new_lengths(sm_scale):
     """fullgraph=True fails on any graph break; the second call (other lengths, other table, same shapes) must not
     need the plan again and stays exact."""
     first = make_paged_case([1, 2, 1], [100, 30, 64], 16, 16, "fp8", seed=1, device="cpu")
     q, cache, _, qo, _, table, lens = first
     planned = mixed_mla.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16, max_q_len=2,
-                                   return_lse=True)
+                                   return_lse=True, sm_scale=sm_scale)
     contiguous_planned = mixed_mla.plan(first[3], first[4], num_heads=16, kv_format="fp8", max_q_len=2,
-                                        max_kv_len=128)
+                                        max_kv_len=128, sm_scale=sm_scale)
 
     @torch.compile(fullgraph=True, backend="eager")
     def step(q, cache, qo, table, lens, contiguous, kv_indptr):
-        out, lse = planned.run(q, cache, qo, table, lens)
-        return out.float().sum() + lse.sum() * 0, out, lse, contiguous_planned.run(q, contiguous, qo, kv_indptr)
+        out, lse = planned.run(q, cache, qo, table, lens, sm_scale=sm_scale)
+        return out.float().sum() + lse.sum() * 0, out, lse, contiguous_planned.run(q, contiguous, qo, kv_indptr,
+                                                                                     sm_scale=sm_scale)
 
     for case in (first, make_paged_case([2, 1, 1], [112, 0, 7], 16, 16, "fp8", seed=2, device="cpu", spare_pages=8)):
         q, cache, contiguous, qo, kv_indptr, table, lens = case
         _, out, lse, out_contiguous = step(q, cache, qo, table, lens, contiguous, kv_indptr)
-        ref, ref_lse = exact.exact_attention(q, contiguous, "fp8", qo, kv_indptr, DEFAULT_SM_SCALE, return_lse=True)
+        ref, ref_lse = exact.exact_attention(q, contiguous, "fp8", qo, kv_indptr, sm_scale, return_lse=True)
         assert exact.relative_l2(out, ref) <= exact.STRICT_BOUND[("fp8", "torch")]
         assert exact.relative_l2(out_contiguous, ref) <= exact.STRICT_BOUND[("fp8", "torch")]
         assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
@@ -86,18 +92,20 @@ def test_a_compiled_decode_step_has_one_graph_and_serves_new_lengths():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA graph capture)")
-def test_a_compiled_step_replays_in_a_cuda_graph_with_new_lengths_and_tables():
+@at_callers_scales
+def test_a_compiled_step_replays_in_a_cuda_graph_with_new_lengths_and_tables(sm_scale):
     device = "cuda"
     first = make_paged_case([1, 2, 1], [100, 30, 64], 16, 64, "fp8", seed=1, device=device)
     second = make_paged_case([2, 1, 1], [112, 0, 7], 16, 64, "fp8", seed=2, device=device, spare_pages=0)
     q, cache, _, qo, _, table, lens = first
     table = torch.nn.functional.pad(table, (0, 4), value=-1)
     planned = mixed_mla.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=64, max_q_len=2,
-                                   max_kv_len=512, return_lse=True, strict=True)
+                                   max_kv_len=512, return_lse=True, strict=True, sm_scale=sm_scale)
     static = [t.clone() for t in (q, cache[0], qo, table, lens)]
     out = torch.empty(4, 16, 512, dtype=torch.bfloat16, device=device)
     lse = torch.empty(4, 16, device=device)
-    step = torch.compile(lambda *a: planned.run(a[0], (a[1], cache[1]), *a[2:], out=out, lse=lse), fullgraph=True)
+    step = torch.compile(lambda *a: planned.run(a[0], (a[1], cache[1]), *a[2:], out=out, lse=lse, sm_scale=sm_scale),
+                         fullgraph=True)
     step(*static)   # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -115,8 +123,8 @@ def test_a_compiled_step_replays_in_a_cuda_graph_with_new_lengths_and_tables():
         static[3][:, :table_case.shape[1]] = table_case
         graph.replay()
         torch.cuda.synchronize()
-        ref, ref_lse = exact.exact_attention(q, contiguous, "fp8", qo, kv_indptr, DEFAULT_SM_SCALE, return_lse=True)
-        assert exact.relative_l2(out, ref) <= exact.STRICT_BOUND[("fp8", "cuda_sm90")]
+        ref, ref_lse = exact.exact_attention(q, contiguous, "fp8", qo, kv_indptr, sm_scale, return_lse=True)
+        assert exact.relative_l2(out, ref) <= exact.strict_bound("fp8", planned.plan.backend, sm_scale)
         finite = torch.isfinite(ref_lse)
         assert (lse.double() - ref_lse)[finite].abs().max() < 1e-3
 

@@ -7,6 +7,8 @@ checks here (a mutation of the library's side fails tests/test_properties.py and
 """
 import ast
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -178,12 +180,12 @@ def _imports(path: Path) -> set:
 
 def test_the_oracle_shares_no_decode_code_with_the_library():
     """exact_formats imports only math and torch; exact_query (Q as the fp8-Q paths round it) only torch and
-    exact_formats' e4m3fn table; exact.py only those two and the dimensions (constants)."""
+    exact_formats' e4m3fn table; exact.py only those two, the dimensions and the problem's sm_scale (constants)."""
     assert _imports(PACKAGE / "exact_formats.py") == {"math", "torch"}
     assert _imports(PACKAGE / "exact_query.py") == {"torch", ".exact_formats", ".exact_formats.E4M3FN_TABLE"}
     imported = _imports(PACKAGE / "exact.py")
-    assert imported <= {"math", "torch", ".constants", ".constants.V_HEAD_DIM", ".exact_formats",
-                        ".exact_formats.decode", ".exact_query", ".exact_query.path_query"}, imported
+    assert imported <= {"math", "torch", ".constants", ".constants.V_HEAD_DIM", ".constants.DEFAULT_SM_SCALE",
+                        ".exact_formats", ".exact_formats.decode", ".exact_query", ".exact_query.path_query"}, imported
     assert not any("formats" in name and "exact_formats" not in name for name in imported)
     assert "backends" not in " ".join(imported) and "emulator" not in " ".join(imported)
 
@@ -192,6 +194,38 @@ def test_the_import_check_can_fail(tmp_path):
     module = tmp_path / "leaky.py"
     module.write_text("from .formats import dequantize\nimport torch\n")
     assert ".formats.dequantize" in _imports(module)
+
+
+def _project_modules_after_loading_alone(path: Path) -> list:
+    """Load `path` as a file of its own in a fresh interpreter (no package around it), decode an fp8 byte with it,
+    and list the modules of this project it brought in."""
+    code = (f"import importlib.util, sys, torch\n"
+            f"spec = importlib.util.spec_from_file_location('oracle_alone', {str(path)!r})\n"
+            f"oracle = importlib.util.module_from_spec(spec)\n"
+            f"spec.loader.exec_module(oracle)\n"
+            f"row = torch.full((1, 1, 576), 0x38, dtype=torch.uint8)\n"
+            f"assert oracle.decode_fp8(row, torch.tensor([2.0]))[0, 0].item() == 2.0\n"
+            f"print(' '.join(m for m in sys.modules if m.split('.')[0] in ('mixed_mla', 'emulator', 'benchmarks')))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=PACKAGE.parent, capture_output=True, text=True,
+                            check=True)
+    return result.stdout.split()
+
+
+def test_the_oracle_loads_without_the_package():
+    """Importing mixed_mla.exact_formats runs mixed_mla/__init__.py (formats, the backends); the file alone must
+    work and bring in nothing of the project."""
+    assert _project_modules_after_loading_alone(PACKAGE / "exact_formats.py") == []
+
+
+def test_the_load_alone_check_sees_an_import_the_ast_check_misses(tmp_path):
+    """A dynamic import of the library's table passes the import parse but loads mixed_mla.formats and the
+    backends with it."""
+    leaky = tmp_path / "exact_formats.py"
+    leaky.write_text((PACKAGE / "exact_formats.py").read_text() +
+                     "\nE2M1_LIBRARY = __import__('mixed_mla.formats', fromlist=['E2M1_VALUES']).E2M1_VALUES\n")
+    assert _imports(leaky) == {"math", "torch"}
+    loaded = _project_modules_after_loading_alone(leaky)
+    assert "mixed_mla.formats" in loaded and "mixed_mla.backends" in loaded
 
 
 # ---- the log-sum-exp (the LSE contract: natural log, float64, -inf where a row attends nothing) ----
@@ -204,9 +238,13 @@ def test_lse_is_the_log_of_the_softmax_denominator():
     kvp = torch.tensor([0, 2, 2, 9], dtype=torch.int32)
     out, lse = exact.exact_attention(q, kv, "bf16", qo, kvp, 1 / 24, return_lse=True)
     assert lse.dtype == torch.float64 and lse.shape == (4, 16)
-    assert torch.equal(out, exact.exact_attention(q, kv, "bf16", qo, kvp, 1 / 24))
     k = kv.reshape(9, 576).double()
     scores = q.double() @ k.T / 24                          # (4, 16, 9)
+    # the output, written here plainly: each visible key's softmax weight times its 512 latent values
+    assert not out[0].any()
+    for row, keys in ((1, slice(0, 1)), (2, slice(0, 2)), (3, slice(2, 9))):
+        want = torch.softmax(scores[row, :, keys], -1) @ k[keys, :512]
+        torch.testing.assert_close(out[row], want, rtol=0, atol=1e-14)
     assert torch.isneginf(lse[0]).all()                     # query 0 of segment 0 sees no key
     torch.testing.assert_close(lse[1], torch.logsumexp(scores[1, :, :1], -1), rtol=0, atol=1e-12)
     torch.testing.assert_close(lse[2], torch.logsumexp(scores[2, :, :2], -1), rtol=0, atol=1e-12)

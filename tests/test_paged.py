@@ -57,9 +57,9 @@ def _map(cache, fn):
     return tuple(fn(t) for t in cache) if isinstance(cache, tuple) else fn(cache)
 
 
-def _error(out, case, kv_format):
+def _error(out, case, kv_format, sm_scale=DEFAULT_SM_SCALE):
     q, _, contiguous, qo, kvi, _, _ = case
-    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, DEFAULT_SM_SCALE)
+    return exact.strict_error(out, q, contiguous, kv_format, qo, kvi, sm_scale)
 
 
 def _decode(case, kv_format, device, backend):
@@ -204,6 +204,26 @@ def test_paged_lse_is_the_natural_log_sum_exp(target, kv_format):
     assert exact.lse_error(lse / math.log(2), ref_lse) > 10 * exact.LSE_BOUND[backend]
 
 
+@pytest.mark.parametrize("target", TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("sm_scale", [exact.DEEPSEEK_YARN_SM_SCALE, exact.FLAT_SM_SCALE], ids=["yarn", "flat"])
+def test_paged_decode_at_the_callers_scale(target, kv_format, sm_scale):
+    """The plan checks and the run decodes at the caller's sm_scale (DeepSeek's YaRN scale, a flat one): output and
+    LSE against exact attention at that scale."""
+    device, backend = target
+    case = make_paged_case([1, 2, 3, 4], [1, 64, 130, 17], 16, 16, kv_format, seed=13, device=device)
+    q, cache, contiguous, qo, kvi, table, lens = case
+    return_lse = backends.spec(backend).lse
+    planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format=kv_format, page_size=16, backend=backend,
+                               return_lse=return_lse, sm_scale=sm_scale)
+    result = planned.run(q, cache, qo, table, lens, sm_scale=sm_scale)
+    out = result[0] if return_lse else result
+    assert _error(out, case, kv_format, sm_scale) <= exact.strict_bound(kv_format, backend, sm_scale)
+    if return_lse:
+        _, ref_lse = exact.exact_attention(q, contiguous, kv_format, qo, kvi, sm_scale, return_lse=True)
+        assert exact.lse_error(result[1], ref_lse) <= exact.lse_bound(backend, sm_scale)
+
+
 def _strided(cache, extra_rows):
     """The same pages as a view into a larger buffer: each page followed by `extra_rows` rows of NaN encodings."""
     def widen(t):
@@ -236,9 +256,10 @@ def test_pages_that_are_not_back_to_back(kv_format):
         back_to_back.run(q, strided, qo, table, lens)
 
 
-def test_plan_paged_checks_the_query_indptr_it_reads_and_raises_recorded_device_errors(monkeypatch):
-    """plan_paged reads max_q_len from qo_indptr like api.plan (a decreasing one is refused, not planned around) and
-    first raises a violation a kernel recorded on the device since the last plan, as api.plan does."""
+def test_plan_paged_checks_the_query_indptr_it_reads_and_leaves_recorded_device_errors_to_decode_paged(monkeypatch):
+    """plan_paged reads max_q_len from qo_indptr like api.plan (a decreasing one is refused, not planned around) and,
+    like api.plan, never reads the device's error flag (no sync); decode_paged, which reads the index contents on the
+    host anyway, raises a violation a kernel recorded."""
     q, cache, _, qo, _, table, lens = make_paged_case([1, 2], [40, 9], 8, 16, "bf16", seed=3, device="cpu")
     assert paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8).max_q_len == 2
     with pytest.raises(ValueError, match="never decrease"):
@@ -248,5 +269,9 @@ def test_plan_paged_checks_the_query_indptr_it_reads_and_raises_recorded_device_
     def recorded(device):
         raise RuntimeError("a kernel recorded a bad index")
     monkeypatch.setattr(paged, "raise_device_errors", recorded)
-    with pytest.raises(RuntimeError, match="recorded a bad index"):
-        paged.plan_paged(qo, table, lens, num_heads=16, kv_format="bf16", page_size=8)
+    planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format="bf16", page_size=cache.shape[1])
+    planned.run(q, cache, qo, table, lens)
+    for validated in (lambda: planned.run(q, cache, qo, table, lens, validate=True),
+                      lambda: paged.decode_paged(q, cache, qo, table, lens, kv_format="bf16")):
+        with pytest.raises(RuntimeError, match="recorded a bad index"):
+            validated()

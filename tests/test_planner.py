@@ -1,4 +1,5 @@
 """The planner is pure: (arch, shape, format, environment, table) -> Plan. Specified case by case here."""
+import dataclasses
 import json
 
 import pytest
@@ -125,7 +126,15 @@ def test_slot_use():
 
 
 def test_plans_are_pure():
-    assert plan_for("sm90", 32, 2, 4096, 64, "fp8") == plan_for("sm90", 32, 2, 4096, 64, "fp8")
+    """plan_for depends on its arguments alone: what other calls asked for in between carries nothing over (a plan
+    remembered per shape but not per format, or a plan changed after it was returned, fails this)."""
+    first = plan_for("sm90", 32, 2, 4096, 64, "fp8")
+    others = {kv_format: plan_for("sm90", 32, 2, 4096, 64, kv_format) for kv_format in ("mxfp4", "bf16", None)}
+    plan_for("sm90", 1, 1, 64, 16)
+    assert plan_for("sm90", 32, 2, 4096, 64, "fp8") == first and first.kv_format == "fp8"
+    assert others["mxfp4"].kv_format == "mxfp4" and others["bf16"].kv_format == "bf16"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.num_splits = first.num_splits + 1
 
 
 def test_env_overrides(monkeypatch):

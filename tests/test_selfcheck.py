@@ -2,10 +2,13 @@
 
 The "kernels" here are stand-ins with the backend run signature: the torch backend (right), the gfx950 numerics
 twin (right, the arithmetic the HIP kernels are designed to), and deliberately wrong ones (zeros, a head-group
-indexing bug, a kernel reading past its segment, a kernel that raises, and tests/kernel_mutations.py's four: a
-causal off-by-one, an output 4% small, a wrong MXFP4 scale exponent, a wrong fp8 scale). A wrong one must be refused
-with exactly one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the check. The paged check runs
-run_paged on the same rows in shuffled, poisoned pages; the LSE check compares the natural-log LSE when asked for.
+indexing bug, a kernel reading past its segment, a kernel that raises, and tests/kernel_mutations.py's: a causal
+off-by-one, an output 4% small, a wrong MXFP4 scale exponent, a wrong fp8 scale, a kernel that ignores sm_scale). A
+wrong one must be refused with exactly one warning, remembered, and never re-run; MLA_SELFCHECK=0 must skip the
+check. The check runs at the call's sm_scale (DeepSeek's YaRN scale and a flat one besides the problem's). The paged
+check runs run_paged on the same rows in shuffled, poisoned pages, then on pages append_paged wrote (a wrong append
+fails it); the LSE check compares the natural-log LSE when asked for. The torch backend's own arithmetic is judged
+under its own bound (the run-time check leaves torch out: docs/measuring.md#the-self-check).
 """
 import math
 import types
@@ -16,8 +19,8 @@ import pytest
 import torch
 
 from emulator.gfx950 import hip_twin
-from kernel_mutations import CASES, CONTROLS, mutate
-from mixed_mla import api, backends, exact, paged, selfcheck
+from kernel_mutations import CASES, CONTROLS, ignores_sm_scale, mutate
+from mixed_mla import api, append, backends, exact, paged, selfcheck
 from mixed_mla.backends import torch_ref
 from mixed_mla.planner import Plan
 
@@ -43,6 +46,15 @@ class Counting:
         self.fn(*args)
 
 
+def gfx950_q(run):
+    """`run` fed Q as the gfx950 kernels round it (the twin's quantiser; the values are exact in bf16): right under
+    the hip_gfx950 bound wherever `run` is right under torch's."""
+    def rounded(q, *args, **kwargs):
+        q8, inv_scale = hip_twin.quantize_q(q)
+        run((q8.double() * inv_scale.double().unsqueeze(-1)).to(torch.bfloat16), *args, **kwargs)
+    return rounded
+
+
 def twin_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
     out.copy_(hip_twin.twin_decode(q, kv_cache, kv_format, qo_indptr, kv_indptr, sm_scale, plan.num_splits))
 
@@ -66,12 +78,19 @@ def raising_kernel(*args):
     raise RuntimeError("hipErrorNoBinaryForGpu")
 
 
+def _torch_plan(kv_format="fp8", num_splits=1):
+    return Plan(backend="torch", kv_format=kv_format, num_splits=num_splits, variant="")
+
+
+@pytest.mark.parametrize("sm_scale", exact.CHECKED_SM_SCALES, ids=["default", "yarn", "flat"])
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
-@pytest.mark.parametrize("kernel", [torch_ref.run, twin_kernel], ids=["torch", "hip_twin"])
-def test_correct_kernels_pass_silently(kernel, kv_format):
+@pytest.mark.parametrize("backend,kernel", [("torch", torch_ref.run), ("hip_gfx950", twin_kernel)],
+                         ids=["torch", "hip_twin"])
+def test_correct_kernels_pass_silently(backend, kernel, kv_format, sm_scale):
+    plan = replace(_plan(kv_format), backend=backend)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert selfcheck.verified("hip_gfx950", kernel, _plan(kv_format), "cpu")
+        assert selfcheck.verified(backend, kernel, plan, "cpu", sm_scale=sm_scale)
 
 
 @pytest.mark.parametrize("kernel", [zeros_kernel, head_group_bug_kernel, reads_past_segment_kernel, raising_kernel])
@@ -88,12 +107,13 @@ def test_wrong_kernel_is_refused_once_with_one_warning(kernel, kv_format):
     assert counted.calls == calls == 1   # the first failing run ends the check
 
 
-# (path, a correct kernel for it): the gfx950 twin (its fp8 Q costs 0.0065 on the self-check layout) and the torch
-# backend's arithmetic under the gfx950 and the cuda_sm90 bounds
-CHECKED_PATHS = [("hip_gfx950", twin_kernel), ("hip_gfx950", torch_ref.run), ("cuda_sm90", torch_ref.run)]
+# (path, a correct kernel for it): the gfx950 twin (0.0006-0.0016 on the self-check layout against its own Q's
+# rounding) under the gfx950 bound, and the torch backend's arithmetic (<= 0.0015 there) under its own bound and the
+# cuda_sm90 one
+CHECKED_PATHS = [("hip_gfx950", twin_kernel), ("torch", torch_ref.run), ("cuda_sm90", torch_ref.run)]
 
 
-@pytest.mark.parametrize("backend,base", CHECKED_PATHS, ids=["gfx950-twin", "gfx950-torch", "sm90-torch"])
+@pytest.mark.parametrize("backend,base", CHECKED_PATHS, ids=["gfx950-twin", "torch", "sm90-torch"])
 @pytest.mark.parametrize("mutation,kv_format", [case for case in CASES + CONTROLS if case[1] != "bf16"])
 def test_each_kernel_mutation_is_refused_and_the_control_passes(backend, base, mutation, kv_format):
     plan = replace(_plan(kv_format, "occ2"), backend=backend)
@@ -104,6 +124,45 @@ def test_each_kernel_mutation_is_refused_and_the_control_passes(backend, base, m
         return
     with pytest.warns(RuntimeWarning, match="self-check failed"):
         assert not selfcheck.verified(backend, mutate(base, mutation), plan, "cpu")
+
+
+@pytest.mark.parametrize("backend,base", CHECKED_PATHS, ids=["gfx950-twin", "torch", "sm90-torch"])
+@pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
+def test_a_kernel_that_ignores_sm_scale_is_refused_at_the_callers_scale(backend, base, kv_format):
+    """At the problem's scale the mutation is right (what every check saw before the scale was an input); at
+    DeepSeek's YaRN scale and at a flat one the check runs the call's scale and refuses it."""
+    plan = replace(_plan(kv_format, "occ2"), backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified(backend, ignores_sm_scale(base), plan, "cpu")   # the blind spot
+    for sm_scale in (exact.DEEPSEEK_YARN_SM_SCALE, exact.FLAT_SM_SCALE):
+        with pytest.warns(RuntimeWarning, match=f"sm_scale class {exact.scale_class(sm_scale)}"):
+            assert not selfcheck.verified(backend, ignores_sm_scale(base), plan, "cpu", sm_scale=sm_scale)
+        assert selfcheck.verified(backend, base, replace(plan, variant="occ3"), "cpu", sm_scale=sm_scale)
+
+
+def test_the_scale_class_is_in_the_key():
+    """A verdict at the problem's scale does not cover another scale: the check runs again at the call's."""
+    counted = Counting(ignores_sm_scale(torch_ref.run))
+    assert selfcheck.verified("torch", counted, _torch_plan(), "cpu")
+    with pytest.warns(RuntimeWarning, match="sm_scale class up_to_yarn"):
+        assert not selfcheck.verified("torch", counted, _torch_plan(), "cpu", sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+    assert not selfcheck.verified("torch", counted, _torch_plan(), "cpu", sm_scale=0.1)   # same class: remembered
+    assert counted.calls == 2
+    keys = {selfcheck.first_use_key("torch", _torch_plan(), 16, 1, sm_scale=scale)
+            for scale in (*exact.CHECKED_SM_SCALES, 0.02, 0.1, 1.0)}
+    assert {key.scale for key in keys} == {"default", "below_default", "up_to_yarn", "above_yarn"}
+
+
+def test_a_scale_without_a_measured_bound_is_refused():
+    """Over the problem's scale nothing was measured for aiter on an fp8 cache (its P in e4m3fn): the check cannot
+    vouch for it. The gfx950 twin, judged against its own Q's rounding, keeps its bound at any scale."""
+    with pytest.warns(RuntimeWarning, match="no strict bound of fp8 on aiter"):
+        assert not selfcheck.verified("aiter", torch_ref.run, replace(_plan(variant="fast"), backend="aiter"), "cpu",
+                                      sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified("hip_gfx950", twin_kernel, _plan(), "cpu", sm_scale=0.5)
 
 
 def merge_only_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
@@ -165,9 +224,10 @@ def test_a_backend_declared_layout_replaces_the_default():
     layout = (((1, 64), (1, 0), (1, 96)), 16, 40)
     q, (data, _), qo, kvp = selfcheck.poisoned_layout("fp8", "cpu", *layout)
     assert q.shape[:2] == (3, 16) and data.shape[0] == 200 and kvp.tolist() == [0, 64, 64, 160]
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():   # a bf16 cache: aiter reads Q as given, so the torch arithmetic is right for it
         warnings.simplefilter("error")
-        assert selfcheck.verified("aiter", torch_ref.run, _plan(variant=""), "cpu", layout)
+        assert selfcheck.verified("aiter", torch_ref.run, replace(_plan("bf16", variant=""), backend="aiter"), "cpu",
+                                  layout)
     with pytest.warns(RuntimeWarning, match="self-check failed for backend 'aiter'"):
         assert not selfcheck.verified("aiter", zeros_kernel, _plan(variant="fast"), "cpu", layout)
 
@@ -221,7 +281,7 @@ def test_a_paged_call_checks_run_paged_and_passes_a_right_one(monkeypatch, kv_fo
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert api.route_problem(_sm90_plan(kv_format), "cpu", 32, 4, page_size=page_size) is None
-    assert backends.module("cuda_sm90").run_paged.calls == 1
+    assert backends.module("cuda_sm90").run_paged.calls == 2   # the rows placed in pages, then appended
 
 
 @pytest.mark.parametrize("kernel", [sorted_pages_kernel, whole_pages_kernel])
@@ -280,11 +340,12 @@ def neginf_lost_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, 
 @pytest.mark.parametrize("backend", ["cuda_sm90", "hip_gfx950"])
 @pytest.mark.parametrize("kv_format", ["fp8", "mxfp4"])
 def test_the_lse_is_checked_when_asked_for(backend, kv_format):
-    """The torch backend's LSE passes under each path's bound."""
+    """The torch backend's LSE (on the gfx950 kernels' Q for hip_gfx950) passes under each path's bound."""
     plan = replace(_sm90_plan(kv_format), backend=backend)
+    run = gfx950_q(torch_ref.run) if backend == "hip_gfx950" else torch_ref.run
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert selfcheck.verified(backend, torch_ref.run, plan, "cpu", return_lse=True)
+        assert selfcheck.verified(backend, run, plan, "cpu", return_lse=True)
 
 
 @pytest.mark.parametrize("backend", ["cuda_sm90", "hip_gfx950"])
@@ -293,10 +354,12 @@ def test_a_wrong_lse_fails_the_check_a_right_output_alone_passes(backend, wrong)
     """A base-2 LSE, or a -inf row written as 0, fails the LSE check, while the same kernel's output passes the check
     of a call that asks for no LSE (return_lse is in the key: two verdicts)."""
     plan = replace(_sm90_plan("fp8"), backend=backend)
+    wrong = gfx950_q(wrong) if backend == "hip_gfx950" else wrong
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert selfcheck.verified(backend, wrong, plan, "cpu")
-    with pytest.warns(RuntimeWarning, match="with the LSE: with 4 split.s. the LSE is .* from the exact one"):
+    with pytest.warns(RuntimeWarning, match="with the LSE, sm_scale class default: with 4 split.s. the LSE is .* from "
+                                            "the exact one"):
         assert not selfcheck.verified(backend, wrong, plan, "cpu", return_lse=True)
 
 
@@ -327,4 +390,83 @@ def test_the_key_tells_paged_from_contiguous_page_sizes_and_the_lse():
     for page_size in (16, 64, 16):
         assert selfcheck.verified_paged("cuda_sm90", counted, plan, "cpu", page_size)
     assert selfcheck.verified("cuda_sm90", torch_ref.run, plan, "cpu")
-    assert counted.calls == 2   # one run per page size; the contiguous verdict is its own
+    assert counted.calls == 4   # two runs (placed, appended) per page size; the contiguous verdict is its own
+
+
+# ---- the append case: run_paged on pages whose rows append_paged wrote ----
+
+def _doubled_fp8_scale(encoded):
+    def wrong(rows, kv_format, fp8_rounding, scale):
+        return encoded(rows, kv_format, fp8_rounding, None if scale is None else scale * 2)
+    return wrong
+
+
+def _mxfp4_scales_raised(encoded):
+    def wrong(rows, kv_format, fp8_rounding, scale):
+        parts = encoded(rows, kv_format, fp8_rounding, scale)
+        return parts if kv_format != "mxfp4" else [parts[0], parts[1] + 1]
+    return wrong
+
+
+def _one_slot_late(write):
+    def wrong(kv_c, k_pe, cache, slot_mapping, *rest):
+        write(kv_c, k_pe, cache, slot_mapping + 1, *rest)
+    return wrong
+
+
+APPEND_MUTATIONS = {   # what the old self-check never ran: each is right on pages the check placed itself
+    "fp8 scale doubled": ("_encoded", _doubled_fp8_scale, "fp8"),
+    "mxfp4 block scales one exponent high": ("_encoded", _mxfp4_scales_raised, "mxfp4"),
+    "rows written one slot late": ("torch_write", _one_slot_late, "bf16"),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda_sm90"])
+@pytest.mark.parametrize("mutation", list(APPEND_MUTATIONS))
+def test_a_wrong_append_fails_the_append_case(monkeypatch, backend, mutation):
+    name, wrap, kv_format = APPEND_MUTATIONS[mutation]
+    plan = replace(_sm90_plan(kv_format), backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert selfcheck.verified_paged(backend, torch_ref.run_paged, plan, "cpu", 16,
+                                        sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+    monkeypatch.setattr(selfcheck, "_results", {})
+    monkeypatch.setattr(append, name, wrap(getattr(append, name)))
+    with pytest.warns(RuntimeWarning, match="on pages append_paged wrote: with 4 split"):
+        assert not selfcheck.verified_paged(backend, torch_ref.run_paged, plan, "cpu", 16,
+                                            sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+
+
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_the_appended_view_is_the_paged_view(kv_format):
+    """Same pages, table and lengths, every byte equal (the poison included) when append_paged is right."""
+    _, rows, cache, _, kvp = selfcheck._poisoned(kv_format, "cpu", selfcheck.SEGMENTS, 16, 8)
+    kv_lens = kvp.diff().tolist()
+    placed = selfcheck.paged_view(cache, kv_format, kv_lens, 16, torch.Generator().manual_seed(3))
+    appended = selfcheck.appended_view(rows, cache, kv_format, kv_lens, 16, torch.Generator().manual_seed(3))
+    assert torch.equal(placed[1], appended[1]) and torch.equal(placed[2], appended[2])
+    as_bits = (lambda t: t.view(torch.int16)) if kv_format == "bf16" else (lambda t: t)   # NaN != NaN as values
+    assert all(torch.equal(as_bits(a), as_bits(b)) for a, b in zip(selfcheck._row_parts(placed[0], kv_format),
+                                                                     selfcheck._row_parts(appended[0], kv_format)))
+
+
+def test_plans_check_at_the_scale_the_caller_plans_with(monkeypatch):
+    """api.plan and plan_paged pass their sm_scale to the self-check: a backend that ignores the scale keeps the
+    problem's scale and is routed away at DeepSeek's."""
+    wrong = types.SimpleNamespace(run=ignores_sm_scale(torch_ref.run), run_paged=ignores_sm_scale(torch_ref.run_paged))
+    real_module = backends.module
+    monkeypatch.setattr(backends, "module", lambda name: wrong if name == "cuda_sm90" else real_module(name))
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
+    monkeypatch.setattr(api, "_warned_fallbacks", set())
+    monkeypatch.setattr(paged, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
+    qo, kvp = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([0, 40, 100], dtype=torch.int32)
+    table, lens = torch.zeros(2, 4, dtype=torch.int32), torch.tensor([40, 60], dtype=torch.int32)
+    assert api.plan(qo, kvp, num_heads=16, kv_format="fp8").plan.backend == "cuda_sm90"
+    with pytest.warns(RuntimeWarning, match="sm_scale class up_to_yarn"):
+        planned = api.plan(qo, kvp, num_heads=16, kv_format="fp8", sm_scale=exact.DEEPSEEK_YARN_SM_SCALE)
+    assert planned.plan.backend == "torch"
+    with pytest.warns(RuntimeWarning, match="paged cache of page size 16.*sm_scale class below_default"):
+        planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16,
+                                   sm_scale=exact.FLAT_SM_SCALE)
+    assert planned.plan.backend == "torch"

@@ -1,10 +1,14 @@
-"""The sm_90a kernels compile for Hopper without local memory and reach 2 CTAs per SM (tools/sm90_report.py), and
-the MXFP4 byte lookup they expand tiles with gives the dequantised values bit for bit (run on the host).
+"""The sm_90a kernels compile for Hopper without local memory and reach 2 CTAs per SM (tools/sm90_report.py), every
+contiguous split kernel requests its first tiles and Q before it reads the indptr (docs/sm90.md v53, read off the
+machine code), and the MXFP4 byte lookup they expand tiles with gives the dequantised values bit for bit (run on the
+host).
 
-Runs in CI on the CPU machine (nvcc only, no GPU); skipped where nvcc is absent. The negative cases feed the
-parser ptxas lines with a spill and with too many registers, and the lookup check a changed bit, so each check is
-shown able to fail.
+Runs in CI on the CPU machine (nvcc only, no GPU; the machine-code order needs nvdisasm too); skipped where they are
+absent. The negative cases feed the parser ptxas lines with a spill and with too many registers, the order check a
+listing that reads the indptr before its first copy, and the lookup check a changed bit, so each check is shown able
+to fail.
 """
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +21,7 @@ from mixed_mla.constants import MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
+import sm90_budget  # noqa: E402
 import sm90_report  # noqa: E402
 
 NVCC = sm90_report.find_nvcc()
@@ -53,6 +58,67 @@ def test_registers_that_break_occupancy_are_a_problem():
     # 2 CTAs x 128 threads x 256 registers fill the 64K register file; a larger smem footprint halves it.
     big = sm90_report.assess(sm90_report.parse_ptxas(_LOG.format(stack=0, spill=0, regs=200)), {"fp8": 150000})
     assert big[0].ctas_per_sm == 1 and big[0].problems
+
+
+# The first instructions of a split kernel, as nvdisasm lists them: the four 32-bit indptr loads, then what must be in
+# flight before their values are read (a tile copy: cp.async LDGSTS or TMA UTMALDG; Q's 16-byte read-only loads).
+REGISTER = re.compile(r"(?<![\w.])R(\d+)\b")
+TILE_COPY = ("LDGSTS", "UTMALDG")
+Q_LOAD = "LDG.E.128.CONSTANT"
+
+
+def early_request_order(body: str) -> dict:
+    """{"tile copy", "Q load", "indptr read"}: the index of each one's first instruction in the listing's order; the
+    indptr read is the first instruction that takes a register the kernel's first four LDG.E (the indptr loads)
+    wrote as a source, before anything overwrote it."""
+    instructions = [(m.group(1), m.group(2)) for m in sm90_budget.INSTRUCTION.finditer(body)]
+    loads = [i for i, (opcode, _) in enumerate(instructions) if opcode == "LDG.E"][:4]
+    assert len(loads) == 4, "no four indptr loads at the kernel's start"
+    pending = {int(REGISTER.search(instructions[i][1]).group(1)) for i in loads}
+    order = {}
+    for i, (opcode, operands) in enumerate(instructions):
+        if opcode.startswith(TILE_COPY):
+            order.setdefault("tile copy", i)
+        elif opcode == Q_LOAD:
+            order.setdefault("Q load", i)
+        if i <= loads[-1] or "indptr read" in order:
+            continue
+        destination, _, sources = operands.partition(",")
+        if pending & {int(r) for r in REGISTER.findall(sources)}:
+            order["indptr read"] = i
+        pending -= {int(r) for r in REGISTER.findall(destination) if "[" not in destination}
+    return order
+
+
+def _requested_before_the_indptr(order: dict) -> bool:
+    return order.get("indptr read", float("inf")) > max(order.get("tile copy", float("inf")),
+                                                          order.get("Q load", float("inf")))
+
+
+@pytest.mark.skipif(NVCC is None or sm90_budget.find_nvdisasm() is None, reason="needs nvcc and nvdisasm")
+def test_every_contiguous_kernel_requests_tiles_and_q_before_it_reads_the_indptr():
+    sass = sm90_budget.disassemble(NVCC, sm90_budget.find_nvdisasm(),
+                                   sm90_report.materialize(sm90_report.KERNEL_DIR) / "decode.cu")
+    contiguous = [(name, body) for name, body in sm90_budget.split_kernels(sass) if sm90_report.PAGED not in name]
+    assert sorted(name for name, _ in contiguous) == sorted(
+        f"decode_split_kernel<{sm90_report.split_label(*kernel)}>" for kernel in sm90_report.SPLIT_KERNELS
+        if kernel != (1, 2))   # the gather variant serves paged caches only
+    for name, body in contiguous:
+        order = early_request_order(body)
+        assert order.keys() == {"tile copy", "Q load", "indptr read"} and _requested_before_the_indptr(order), \
+            f"{name}: {order}"
+
+
+def test_a_kernel_that_reads_the_indptr_first_is_caught():
+    """Negative case: the indptr value compared before the first copy (what the bf16 kernel did before v53)."""
+    lines = ["LDG.E R3, desc[UR8][R12.64]", "LDG.E R7, desc[UR8][R12.64+0x4]", "LDG.E R6, desc[UR8][R14.64]",
+             "LDG.E R8, desc[UR8][R14.64+0x4]", "IMAD.MOV.U32 R3, RZ, RZ, R5", "ISETP.GE.AND P0, PT, R7, R9, PT",
+             "LDGSTS.E.BYPASS.128 [R63], desc[UR8][R20.64], !P5", "LDG.E.128.CONSTANT R36, desc[UR8][R12.64]"]
+    body = "\n".join(f"        /*{16 * i:04x}*/                   {line} ;" for i, line in enumerate(lines))
+    order = early_request_order(body)
+    assert order == {"indptr read": 5, "tile copy": 6, "Q load": 7}   # R3 overwritten at 4 is not a read
+    assert not _requested_before_the_indptr(order)
+    assert _requested_before_the_indptr(early_request_order(body.replace("R7, R9", "R2, R9")))
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

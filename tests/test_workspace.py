@@ -5,7 +5,8 @@ On CPU the cuda_sm90 layout (make_workspace) is checked directly: the views lie 
 disjoint, the counter region is zeroed, any buffer at least the reported size works and one byte less is refused,
 and two plans carving one buffer never meet counter to partial. The plan-level path runs on CPU through the torch
 backend with the sm90 layout lent to its spec (torch itself needs no workspace). On an H100/H200: two fused plans of
-different batch sizes share one buffer, captured in a CUDA graph each and replayed alternately.
+different batch sizes share one buffer, captured in a CUDA graph each and replayed alternately, at a caller's
+sm_scale (DeepSeek's YaRN scale and a flat one).
 """
 import dataclasses
 import itertools
@@ -38,9 +39,9 @@ def byte_range(view, buffer):
     return start, start + view.numel() * view.element_size()
 
 
-def assert_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, path):
-    """`path`: the backend that made `out` (its bound, exact.STRICT_BOUND)."""
-    passed, err, bound = exact.check_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, DEFAULT_SM_SCALE, path)
+def assert_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, path, sm_scale=DEFAULT_SM_SCALE):
+    """`path`: the backend that made `out` (its bound at sm_scale, exact.strict_bound)."""
+    passed, err, bound = exact.check_strict(out, q, cache, kv_format, qo_indptr, kv_indptr, sm_scale, path)
     assert passed, f"relative L2 {err:.2e} above the {kv_format} bound {bound} of {path}"
 
 
@@ -217,8 +218,9 @@ def _sm90_ready():
 
 
 @pytest.mark.skipif(not _sm90_ready(), reason="needs an sm_90 GPU with the cuda_sm90 backend built")
+@pytest.mark.parametrize("sm_scale", [exact.DEEPSEEK_YARN_SM_SCALE, exact.FLAT_SM_SCALE], ids=["yarn", "flat"])
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8"])
-def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case, kv_format):
+def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case, kv_format, sm_scale):
     """One CUDA graph per batch size, both plans fused (8 splits) on one caller buffer, replayed alternately 50
     times each: every output is strictly correct and every arrival counter reads 0 at the end."""
     cases = [make_case([1, 2, 1], [300, 900, 41], seed=51, device="cuda"),
@@ -228,7 +230,7 @@ def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case
     for case in cases:
         cache = case.cache(kv_format)
         planned = api.plan(case.qo_indptr, case.kv_indptr, num_heads=16, kv_format=kv_format, max_q_len=2,
-                           max_kv_len=1200, backend="cuda_sm90", workspace=buffer)
+                           max_kv_len=1200, backend="cuda_sm90", workspace=buffer, sm_scale=sm_scale)
         planned = dataclasses.replace(planned, plan=Plan("cuda_sm90", kv_format, 8, fused=True))   # same buffer
         assert planned.workspace.split_counters.numel() > 0
         assert planned.workspace.partial_out.untyped_storage().data_ptr() == buffer.untyped_storage().data_ptr()
@@ -236,20 +238,20 @@ def test_two_fused_plans_share_a_buffer_over_alternating_graph_replays(make_case
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):   # warm-up off the default stream, as capture requires
-            planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, out=out)
+            planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, out=out, sm_scale=sm_scale)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, out=out)
+            planned.run(case.q, cache, case.qo_indptr, case.kv_indptr, out=out, sm_scale=sm_scale)
         steps.append((case, cache, planned, graph, out))
     for replay in range(100):
         case, cache, planned, graph, out = steps[replay % 2]
         out.fill_(float("nan"))
         graph.replay()
-        assert_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, "cuda_sm90")
+        assert_strict(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, "cuda_sm90", sm_scale)
     torch.cuda.synchronize()
     for _, _, planned, _, _ in steps:
         assert planned.workspace.split_counters.count_nonzero() == 0
     small, large = steps[0], steps[1]   # negative: the large batch's first rows are not the small one's answer
     assert exact.strict_error(large[4][:4], small[0].q, small[1], kv_format, small[0].qo_indptr,
-                              small[0].kv_indptr, DEFAULT_SM_SCALE) > 0.3
+                              small[0].kv_indptr, sm_scale) > 0.3

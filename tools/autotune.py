@@ -116,31 +116,10 @@ class PartialResults:
 
 # ---- progress ----
 
-class PlainProgress:
-    """A one-line text progress bar on stderr, for when tqdm is not installed."""
-
-    def __init__(self, total: int):
-        self.total, self.count, self.text = total, 0, ""
-
-    def set_description(self, text: str) -> None:
-        self.text = text
-
-    def update(self, n: int = 1) -> None:
-        self.count += n
-        filled = int(30 * self.count / max(self.total, 1))
-        sys.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.count}/{self.total} {self.text[:60]:<60}")
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        sys.stderr.write("\n")
-
-
-def progress_bar(total: int):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return PlainProgress(total)
-    return tqdm(total=total, unit="plan")
+def report_progress(measured: int, total: int, text: str) -> None:
+    """One line on stderr per plan measured (or skipped as already measured): a log that survives a redirect to a
+    file, which a redrawn bar does not, with no dependency to declare."""
+    print(f"[{measured}/{total}] {text}", file=sys.stderr, flush=True)
 
 
 # ---- the table ----
@@ -292,11 +271,12 @@ def main(argv=None) -> Path:
                              args.restart)
     work = [(shape, planner.candidates(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))
             for shape in args.shapes]
-    bar = progress_bar(sum(len(plans) for _, plans in work))
+    total, measured = sum(len(plans) for _, plans in work), 0
     for done, (shape, plans) in enumerate(work, start=1):
         todo = [p for p in plans if not partial.has(shape, p)]
         if len(todo) < len(plans):
-            bar.update(len(plans) - len(todo))
+            measured += len(plans) - len(todo)
+            report_progress(measured, total, f"{shape}: {len(plans) - len(todo)} plans measured before")
         if not todo:
             continue
         inputs = make_inputs(shape, device, args.seed)
@@ -305,13 +285,12 @@ def main(argv=None) -> Path:
                                                        inputs.kv_indptr, DEFAULT_SM_SCALE, path)
                      for fmt, path in sorted({(p.kv_format, p.backend) for p in todo})}
         for plan in todo:
-            bar.set_description(f"{shape} {describe(plan_fields(plan))}")
             partial.add(measure(plan, shape, inputs, reference, args.repeats))
-            bar.update(1)
+            measured += 1
+            report_progress(measured, total, f"{shape} {describe(plan_fields(plan))}")
         del inputs, reference
         # after every shape, so a run stopped by a time limit still leaves a table for what it finished
         write_table(table_path, partial.records, [s for s, _ in work[:done]], device, args)
-    bar.close()
     entries = write_table(table_path, partial.records, args.shapes, device, args)
     missing = [str(s) for s in args.shapes if not any(e["batch"] == s.batch and e["kv_len"] == s.kv_len
                                                       for e in entries)]

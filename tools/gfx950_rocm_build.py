@@ -22,15 +22,17 @@ How:
    - the code object: the HIP unit's device side compiled and linked as hipcc links it (lld: Debian's lld-22),
      with the ROCm device libraries the triton wheel ships (ocml.bc, ockl.bc; the oclc_* control libraries are
      in no public package, and the kernels call nothing that reads them); then tools/gfx950_code_object.py reads
-     the object with Debian's llvm-22 tools: registers, LDS, scratch and occupancy from its metadata, and whether
-     the tile loops' prefetch overlap survives the compiler's own waits.
+     the object with Debian's llvm-22 tools: registers, LDS, scratch and occupancy from its metadata, whether
+     the tile loops' prefetch overlap survives the compiler's own waits and whether every LDS store is waited for
+     before a barrier; and tools/gfx950_mca.py counts each stage-1 tile loop's clocks per token with llvm-mca.
    Not compiled: load_inline's implicit `#include <torch/types.h>` at the top of the HIP unit (torch's headers
    under HIP need hip/hip_fp16.h, which the public header set lacks; the result records it). docs/mi355x.md lists
    what differs from a real ROCm build.
 
-Usage: python tools/gfx950_rocm_build.py [--setup] [--json] [--device-only] [--kernel-dir DIR]
+Usage: python tools/gfx950_rocm_build.py [--setup] [--json] [--device-only] [--kernel-dir DIR] [--keep-object PATH]
    --setup        install what the build needs, once (scripts/setup-env runs it), and exit
    --kernel-dir   build these gfx950/decode sources instead of the package's (the tests' mutations)
+   --keep-object  copy the linked code object here (tools/gfx950_mca.py and the tests read it again)
 Exit status 1 when a step fails.
 """
 import argparse
@@ -52,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import gfx950_code_object  # noqa: E402
+import gfx950_mca  # noqa: E402
 import gfx950_report  # noqa: E402
 
 ARCH = "gfx950"
@@ -65,7 +68,7 @@ TRITON_HIP_PREFIX = "triton/backends/amd/include/hip/"
 TRITON_DEVICE_LIB_PREFIX = "triton/backends/amd/lib/"
 DEVICE_LIBS = ("ocml.bc", "ockl.bc")
 BITCODE_DIR = ROCM_DIR / "amdgcn" / "bitcode"
-LLVM_PACKAGES = ("llvm-22", "lld-22")   # lld for the device link, llvm-objdump / llvm-readobj to read the object
+LLVM_PACKAGES = ("llvm-22", "lld-22")   # lld for the device link; llvm-objdump, llvm-readobj, llvm-mca read it
 WHEEL_TAG = ["--platform", "manylinux_2_28_x86_64", "--python-version", "3.11", "--implementation", "cp"]
 # clang 22's resource folder with its HIP wrapper headers (Debian: libclang-common-22-dev).
 CLANG_RESOURCE_DIR = Path(os.environ.get("MLA_CLANG_RESOURCE_DIR", "/usr/lib/llvm-22/lib/clang/22"))
@@ -255,7 +258,12 @@ def link_code_object(build: dict, work: Path) -> dict:
                           capture_output=True, text=True, cwd=hip.parent, env=env)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip()}
-    return {"object": str(obj), "device_libs": list(DEVICE_LIBS), "kernels": gfx950_code_object.read(obj)}
+    result = {"object": str(obj), "device_libs": list(DEVICE_LIBS), "kernels": gfx950_code_object.read(obj)}
+    try:
+        result["mca"] = gfx950_mca.count_object(obj)
+    except (ValueError, subprocess.CalledProcessError) as e:   # a loop it cannot follow, or llvm-mca refusing it
+        result["error"] = f"llvm-mca: {e}"
+    return result
 
 
 def compile_binding(build: dict, work: Path) -> dict:
@@ -288,7 +296,7 @@ def unresolved_backend_symbols(binding_obj: str, host_obj: str) -> list:
     return sorted(s for s in needed if BACKEND_SYMBOL.search(s) and s not in defined)
 
 
-def build(work: Path, device_only: bool = False, kernel_dir=None) -> dict:
+def build(work: Path, device_only: bool = False, kernel_dir=None, keep_object=None) -> dict:
     """Every step's result, with its files in `work`; result["failures"] lists what failed (empty: the whole
     build went through)."""
     missing = missing_prerequisites()
@@ -308,6 +316,9 @@ def build(work: Path, device_only: bool = False, kernel_dir=None) -> dict:
         result["host"] = compile_host(captured, work)
         if "error" not in result["device"]:
             result["code_object"] = link_code_object(captured, work)
+            if keep_object is not None and "object" in result["code_object"]:
+                shutil.copyfile(result["code_object"]["object"], keep_object)
+                result["code_object"]["object"] = str(keep_object)
         if binding is not None:
             result["binding"] = binding.result()
     failures = [f"{step}: {result[step]['error']}" for step in ("device", "host", "code_object", "binding")
@@ -327,13 +338,14 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--device-only", action="store_true", help="skip the binding (the slow C++ compile)")
     parser.add_argument("--kernel-dir", type=Path, help="gfx950/decode sources to build instead of the package's")
+    parser.add_argument("--keep-object", type=Path, help="copy the linked code object here")
     args = parser.parse_args()
     if args.setup:
         for line in setup():
             print(f"gfx950_rocm_build: {line}")
         return 0
     with tempfile.TemporaryDirectory(prefix="gfx950_rocm_build_") as work:
-        result = build(Path(work), args.device_only, args.kernel_dir)
+        result = build(Path(work), args.device_only, args.kernel_dir, args.keep_object)
     kernels = result.get("device", {}).get("kernels", [])
     if args.json:
         code_object = result.get("code_object", {})
@@ -346,6 +358,8 @@ def main() -> int:
         if result.get("code_object", {}).get("kernels"):
             print(f"linked code object ({', '.join(DEVICE_LIBS)}; read with llvm-22):")
             print(gfx950_code_object.format_table(result["code_object"]["kernels"]))
+            print("tile loop, steady state of wave 0, counted by llvm-mca (SIMD clocks per token; budget: HBM):")
+            print(gfx950_mca.format_table(result["code_object"].get("mca", [])))
         for step in ("device", "host", "code_object", "binding"):
             if step in result:
                 print(f"{step}: {'FAILED' if 'error' in result[step] else 'ok'}")

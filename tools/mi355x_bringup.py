@@ -5,11 +5,14 @@
 
 Each step runs in its own process group with a timeout, so a GPU fault, a crash or a hang is reported and the run
 goes on to the next step. Steps, in order:
-  probes          tools/gfx950_probes.py: one probe kernel per gfx950 fact the kernels rely on; the variants whose
-                  design bets on a contradicted fact are turned off (MLA_GFX950_DISABLE) for every later step
   environment     torch, ROCm and GPU facts; whether aiter imports
   bundle          submission.py matches the library (eval.py runs it)
   build           hip_gfx950.available(): the JIT build of the gfx950 kernels through load_inline, timed
+  code-object     tools/gfx950_code_object.py's checks (registers, LDS, scratch, occupancy, the tile loops' waits) on
+                  the gfx950 code object this device's compiler just built (tools/hip_fatbin.py finds it in the JIT
+                  build's library), before any kernel runs; a variant whose kernel fails a check is turned off
+  probes          tools/gfx950_probes.py: one probe per gfx950 fact the kernels rely on; the variants that bet on a
+                  fact that is contradicted, or that its probe could not settle, are turned off
   selfcheck:*     one process per (variant, format) of hip_gfx950: mixed_mla.selfcheck against exact attention
                   (variable lengths, an empty segment, q_len 1-4, poisoned tails, one split and many); mxfp4 opted in;
                   one result line per split count
@@ -25,6 +28,9 @@ goes on to the next step. Steps, in order:
   autotune        tools/autotune.py writing mixed_mla/tables/mi355x.json (default routes: mxfp4 NOT opted in)
   autotune-mxfp4  the same with mxfp4 opted in, into the report folder (evidence for turning it on by default)
   aiter-real      tests/test_aiter_real.py against the installed aiter ('absent' when the file is not there)
+code-object and probes turn variants off through MLA_GFX950_DISABLE for every later step, and fail closed: before
+each runs, its file in the report folder says every variant is off ("*:*"), the step replaces that with what it
+found, and a step that dies first (or a file that cannot be read) leaves every variant off.
 The report (REPORT.md) has a summary table, a pass/fail row per configuration (backend, variant, format, page size,
 splits) with its worst strict error, built from the self-check and strict steps' result lines (results/), and each
 step's command, status, time and output tail; full logs go beside it in logs/. A step with result lines passes only
@@ -38,6 +44,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -45,15 +52,20 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "mi355x"
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"     # hip_gfx950.MXFP4_OPT_IN, spelled here so the parent never imports torch
 ROUTING_OVERRIDES = ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS", "MLA_SELFCHECK")   # planner / selfcheck env
 SELFCHECK_SPLITS = 32                  # the self-check runs 1 split and this many (mostly empty ones, the merge)
 TAIL_LINES = 40
+ROCM_LLVM_BIN = Path("/opt/rocm/llvm/bin")   # ROCm's LLVM tools, where Debian's llvm-22 is not installed
 PROBE_STEP = "probes"
 PROBE_DISABLE_FILE = "gfx950-disable.txt"   # the probe tool's --disable-file, in the report folder
+CODE_OBJECT_STEP = "code-object"
+CODE_OBJECT_DISABLE_FILE = "gfx950-code-object-disable.txt"
 GFX950_DISABLE = "MLA_GFX950_DISABLE"      # hip_gfx950.DISABLE_ENV
+EVERY_VARIANT = "*:*"                       # what a disabling step's file says until the step has found otherwise
 # Exit codes with a meaning of their own.
 PYTEST_NO_TESTS = 5
 ENDED_EARLY = ("CRASH", "TIMEOUT")
@@ -74,6 +86,7 @@ class Step:
     absent_unless: Path | None = None             # a file the step needs; without it the step is 'absent'
     results: bool = False     # the step writes result lines (JSON, one per check) to the file "{results}" names
     lax: bool = False         # its exit status is the leaderboard's lax check: 0 reads 'lax pass', never 'pass'
+    disables: str = ""        # the file (in the report folder) in which the step keeps the variants it turns off
 
 
 @dataclass
@@ -108,11 +121,13 @@ def default_steps(python: str = sys.executable, scale: float = 1.0) -> list:
     def minutes(m):
         return m * 60 * scale
 
-    steps = [Step(PROBE_STEP, [python, "tools/gfx950_probes.py", "--disable-file", "{out}/" + PROBE_DISABLE_FILE],
-                  minutes(5), plain),
-             Step("environment", [python, tool, "--environment"], minutes(3), plain),
+    steps = [Step("environment", [python, tool, "--environment"], minutes(3), plain),
              Step("bundle", [python, "tools/bundle.py", "--check"], minutes(2), plain),
-             Step("build", [python, tool, "--build"], minutes(20), plain)]
+             Step("build", [python, tool, "--build"], minutes(20), plain),
+             Step(CODE_OBJECT_STEP, [python, tool, "--code-object", "{out}/" + CODE_OBJECT_DISABLE_FILE], minutes(5),
+                  plain, disables=CODE_OBJECT_DISABLE_FILE),
+             Step(PROBE_STEP, [python, "tools/gfx950_probes.py", "--disable-file", "{out}/" + PROBE_DISABLE_FILE],
+                  minutes(15), plain, disables=PROBE_DISABLE_FILE)]
     steps += [Step(f"selfcheck:{variant}:{fmt}", [python, tool, "--selfcheck-one", "hip_gfx950", variant, fmt,
                                                   "--results", "{results}"], minutes(5), opted_in, results=True)
               for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY]
@@ -150,6 +165,8 @@ def run_step(step: Step, out: Path) -> Outcome:
     log = out / "logs" / (step.name.replace(":", "-") + ".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     results = results_path(out, step.name)
+    if step.disables:  # until the step says otherwise, every variant is off
+        write_whole(out / step.disables, EVERY_VARIANT + "\n")
     if step.results:   # an earlier run's lines must not stand for this one's
         results.parent.mkdir(parents=True, exist_ok=True)
         results.unlink(missing_ok=True)
@@ -215,12 +232,25 @@ def judged_by_records(status: str, detail: str, records: list) -> tuple:
     return status, detail
 
 
-def apply_probe_verdicts(step: Step, out: Path) -> None:
-    """After the probe step: the variants it turned off stay off for every later step (their environment is this
-    process's). A probe run that wrote nothing leaves the environment as it was."""
-    verdicts = out / PROBE_DISABLE_FILE
-    if step.name == PROBE_STEP and verdicts.exists():
-        os.environ[GFX950_DISABLE] = verdicts.read_text().strip()
+def apply_disables(step: Step, out: Path) -> None:
+    """After a step that turns variants off: they stay off for every later step (their environment is this
+    process's), added to those already off. A file that is missing or cannot be read turns every variant off."""
+    if not step.disables:
+        return
+    try:
+        found = (out / step.disables).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        found = EVERY_VARIANT
+    patterns = [p for p in os.environ.get(GFX950_DISABLE, "").split(",") + found.split(",") if p.strip()]
+    os.environ[GFX950_DISABLE] = ",".join(dict.fromkeys(p.strip() for p in patterns))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replaces `path` with `text` in one step (a reader sees the old file or the new one, never none)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)
 
 
 def report_text(outcomes: list, started: datetime.datetime, argv: list, out: Path) -> str:
@@ -307,7 +337,7 @@ def run(steps: list, out: Path, argv: list) -> list:
     for step in steps:
         print(f"[bring-up] {step.name} ...", flush=True)
         outcome = run_step(step, out)
-        apply_probe_verdicts(step, out)
+        apply_disables(step, out)
         print(f"[bring-up] {step.name}: {outcome.status} {outcome.detail} ({outcome.seconds:.1f} s)", flush=True)
         outcomes.append(outcome)
         (out / "REPORT.md").write_text(report_text(outcomes, started, argv, out))   # a killed run keeps a report
@@ -341,6 +371,52 @@ def build(device: str) -> int:
     reason = hip_gfx950.available(torch.device(device))
     print(json.dumps({"available": reason is None, "reason": reason, "seconds": round(time.monotonic() - start, 1)}))
     return 0 if reason is None else 1
+
+
+def code_object(disable_file: Path) -> int:
+    """The code-object checks on the gfx950 object this device's compiler built for hip_gfx950 (inside the JIT
+    build's library, tools/hip_fatbin.py): the kernel table, then the variants whose kernels fail a check into
+    `disable_file` (the parent wrote "*:*" there: an object that cannot be found or read leaves it so). Exit 1 on
+    any problem."""
+    import gfx950_code_object   # imports torch: only this step's process needs it
+    import hip_fatbin
+    from mixed_mla.backends import hip_gfx950
+    if not gfx950_code_object.LLVM_BIN.exists() and ROCM_LLVM_BIN.exists():   # the device's own LLVM tools
+        gfx950_code_object.LLVM_BIN = ROCM_LLVM_BIN
+    missing = gfx950_code_object.missing_tools()
+    if missing:
+        print(f"the code-object checks need {', '.join(missing)}")
+        return 1
+    library = Path(hip_gfx950._module().__file__)   # built by the build step: loaded from torch's cache here
+    with tempfile.TemporaryDirectory(prefix="gfx950_code_object_") as work:
+        kernels = gfx950_code_object.read(hip_fatbin.code_object(library, hip_gfx950.ARCH, Path(work) / "gfx950.co"))
+    print(f"{library}:\n{gfx950_code_object.format_table(kernels)}")
+    disabled = code_object_disables(kernels)
+    write_whole(disable_file, ",".join(disabled) + "\n")
+    print(f"{GFX950_DISABLE}={','.join(disabled)}")
+    return 1 if disabled or any(k.problems for k in kernels) else 0
+
+
+def code_object_disables(kernels: list) -> list:
+    """The variants to turn off for a code object's kernels (each with its `problems`): a variant whose stage-1
+    kernel fails a check or is missing; every two-kernel variant when merge_splits does; every variant when any
+    other kernel does (the object is not what was checked in CI)."""
+    from emulator.gfx950 import facts
+    by_name = {k.name: k for k in kernels}
+    stage1 = {variant: stage1_kernel(variant) for variant in facts.VARIANT_BETS}
+    off = {v for v, name in stage1.items() if name not in by_name or by_name[name].problems}
+    if "merge_splits" not in by_name or by_name["merge_splits"].problems:
+        off |= {v for v in stage1 if ":fused_" not in v}
+    others = [k for k in kernels if k.problems and k.name not in stage1.values() and k.name != "merge_splits"]
+    return [EVERY_VARIANT] if others else facts.disable_patterns(off)
+
+
+def stage1_kernel(variant: str) -> str:
+    """The stage-1 kernel of a "format:variant" (launch.hip's names): fp8:occ2 -> stage1_fp8_occ2, fp8:fused_occ2 ->
+    stage1_fused_fp8_occ2."""
+    kv_format, name = variant.split(":")
+    fused = name.startswith("fused_")
+    return f"stage1_{'fused_' if fused else ''}{kv_format}_{name.removeprefix('fused_')}"
 
 
 def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str, results: Path | None) -> int:
@@ -387,8 +463,8 @@ def measured_errors(selfcheck, into: list):
     shows the error too): selfcheck's strict_verdict, wrapped while the block runs."""
     verdict = selfcheck.strict_verdict
 
-    def recording(out, ref, kv_format, path):
-        passed, error, bound = verdict(out, ref, kv_format, path)
+    def recording(*args):
+        passed, error, bound = verdict(*args)
         into.append(error)
         return passed, error, bound
 
@@ -410,6 +486,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--environment", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--code-object", type=Path, metavar="DISABLE_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--selfcheck-one", nargs=3, metavar=("BACKEND", "VARIANT", "FORMAT"), help=argparse.SUPPRESS)
     parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)   # the self-check child's result lines
     args = parser.parse_args(argv)
@@ -417,6 +494,8 @@ def main(argv=None) -> int:
         return environment()
     if args.build:
         return build(args.device)
+    if args.code_object:
+        return code_object(args.code_object)
     if args.selfcheck_one:
         return selfcheck_one(*args.selfcheck_one, args.device, args.results)
     steps = default_steps(scale=args.timeout_scale)

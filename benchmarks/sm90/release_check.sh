@@ -3,12 +3,13 @@
 #   GPU tests (cuda_sm90 vs exact attention, property tests, entry/api), our eval.py test + benchmark on the
 #   problem's cases, the leaderboard's UNMODIFIED eval.py (carried in the git-ignored .leaderboard/) on the test
 #   cases, and compute-sanitizer (memcheck, racecheck, synccheck) on garbage indptr contents and on the layouts
-#   that make the fp8 kernel's early guess wrong. Writes everything under $1, by default
+#   that make the kernels' early guess wrong. Writes everything under $1, by default
 #   benchmarks/results/release/ (replaced). On the device machine give a scratch folder and tar it into $OUT:
 #   bash benchmarks/sm90/release_check.sh /tmp/release && tar -C /tmp -czf $OUT/release.tgz release
-# PARTS="checks sanitizers" (the default) picks what runs: `checks` = the tests, eval.py, the leaderboard's eval.py and
-#   the tolerances; `sanitizers` = compute-sanitizer. Two device calls (each under its 10-minute limit) can run them
-#   one after the other into the same folder; the log is appended to.
+# PARTS="checks sanitizers" (the default) picks what runs: `checks` = the tests, eval.py, the leaderboard's eval.py,
+#   the tolerances, protocol_floor and ratio.txt (eval.py geomean / fp8 bare read); `sanitizers` = compute-sanitizer.
+#   Two device calls (each under its 10-minute limit) can run them one after the other into the same folder; the log
+#   is appended to.
 # AUTOTUNE=1 first re-measures the planner table (tools/autotune.py) and rebundles submission.py from it, so the
 #   checks run the kernels and table of this very tree; both files land in $1 to be committed from there.
 set -uo pipefail
@@ -44,7 +45,7 @@ if [ "${AUTOTUNE:-0}" = 1 ]; then
   step bundle 60 python3 tools/bundle.py
   cp mixed_mla/tables/h200.json submission.py "$out/"
 fi
-step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_properties.py \
+step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py tests/test_properties.py \
   tests/test_entry.py tests/test_api.py tests/test_harness.py tests/test_paged.py tests/test_indptr_guarantee.py \
   tests/test_backends.py
 POPCORN_FD=3 step eval_test_popcorn 50 python3 eval.py test tests.txt 3>"$out/eval_test_keys.txt"
@@ -59,6 +60,11 @@ echo "== leaderboard eval.py (reference-kernels $(cat .leaderboard/COMMIT)) test
 echo "rc=$? (leaderboard_test)" >>"$log"
 # each format and path against the problem README's tolerance and reference.py's, and the strict bound (docs/aiter.md)
 step tolerances 150 python3 tools/check_tolerances.py --json "$out/tolerances.json"
+# the fp8 bare read in this same call, and eval.py's geomean set against it (ratio.txt, issue 38's verdict)
+step protocol_floor 150 python3 -m benchmarks.sm90.protocol_floor --repeats 30 --out "$out/protocol"   # its log: protocol/probe.txt
+step ratio 10 python3 -m benchmarks.sm90.release_ratio "$out" \
+  "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" "${MLA_COMMIT:-unknown}"
+cat "$out/ratio.txt" >>"$log"
 tail -n 3 "$out"/pytest_gpu.txt >>"$log"
 cat "$out/eval_benchmark.txt" >>"$log"
 fi
@@ -69,10 +75,10 @@ fi
 # selects both garbage tests); each of these runs the merge kernel and the fused merge (whose counters the
 # "fused_counters" tests read back after 200 graph replays).
 if [[ "$parts" == *sanitizers* ]]; then
-sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or fused_counters"
+sanitized="garbage or short_max_q_len or byte_lookup or wrong_guess or captured_paged or fused_counters or poisoned or replays"
 for tool in memcheck racecheck synccheck; do
   step "$tool" 300 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py -k "$sanitized"
+    python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py -k "$sanitized"
 done
 tail -n 3 "$out"/memcheck.txt "$out"/racecheck.txt "$out"/synccheck.txt >>"$log"
 fi

@@ -121,6 +121,31 @@ extern "C" int emu_load_lds(const uint8_t* src, long src_len, int size, uint8_t*
   return ok ? 0 : 1;
 }
 
+// One 16-byte direct-to-LDS wave load, then `atomics` global atomics by every lane on a scratch dword, then
+// s_waitcnt vmcnt(`left`); `lds` receives the buffer's first `lds_len` bytes. vmcnt counts the atomics too (every
+// vector-memory operation, in issue order), so with left <= atomics the load has retired and with more it has not.
+extern "C" int emu_load_lds_then_atomics(const uint8_t* src, long src_len, int atomics, int left, uint8_t* lds,
+                                         int lds_len, char* error, int error_len) {
+  using namespace mla_gfx950;
+  GroupScope scope(error, error_len);
+  scope.g->range_lo[0] = scope.g->range_lo[1] = src;
+  scope.g->range_hi[0] = scope.g->range_hi[1] = src + src_len;
+  static int32_t scratch;
+  scope.g->atomic_lo = &scratch;
+  scope.g->atomic_hi = &scratch + 1;
+  Fibers fibers(WAVE_SIZE);
+  const bool ok = run_group(fibers, WAVE_SIZE, [=] {
+    __shared__ uint8_t buffer[1024];
+    const int l = lane_id();
+    __builtin_amdgcn_global_load_lds((global_void*)(src + 16 * l), (lds_void*)buffer, 16, 0, 0);
+    for (int a = 0; a < atomics; ++a) atomic_or(&scratch, 1);
+    MLA_WAIT_VMCNT(left);
+    barrier();
+    if (l == 0) std::memcpy(lds, buffer, lds_len < 1024 ? lds_len : 1024);
+  });
+  return ok ? 0 : 1;
+}
+
 // Lane l of one wave applies one global atomic (op 0: or, 1: min) of values[l] at `scope` to the dword at byte
 // `byte_offset` of `buffer` (`words` dwords: the range atomics may address).
 extern "C" int emu_atomic(int32_t* buffer, int words, long byte_offset, int op, int scope, const int32_t* values,

@@ -11,7 +11,8 @@
 // The emulation is hostile wherever the hardware result is undefined or a fact is uncertain: LDS starts as
 // poison (0xFF bytes: NaN as fp8, e8m0, bf16 and f32); a direct-to-LDS destination is poison from the load's issue
 // until the s_waitcnt that retires it, and a 12-byte load's unwritten 4th dword stays poison; conversions outside
-// what the sources pin down return NaN; transcendental results are off by the 1 ulp the ISA allows. Lanes are
+// what the sources pin down return NaN; a plain LDS store that no wait released before an s_barrier is poison to
+// every wave after it; transcendental results are off by the 1 ulp the ISA allows. Lanes are
 // cooperative fibers on one OS thread (a barrier is a switch, not a futex), and a barrier that not every lane
 // reaches is reported as a deadlock.
 #pragma once
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <vector>
 
 #include "isa_facts.h"
 
@@ -49,7 +51,7 @@ struct Lane {
   ucontext_t context;
   int index = 0;                    // thread index in the workgroup
   unsigned collectives = 0;         // collectives entered: picks the exchange set
-  std::deque<PendingCopy> pending;  // direct-to-LDS loads in flight, oldest first
+  std::deque<PendingCopy> pending;  // vector-memory operations in flight (vmcnt), oldest first
   bool finished = false;
 };
 
@@ -100,6 +102,7 @@ struct Group {
 };
 
 extern Group* group;
+extern std::vector<uint8_t> lds_released;  // LDS as a barrier hands it over: below, "LDS stores and s_barrier"
 
 inline int lane() { return current->index % WAVE; }
 inline WaveSlots& wave_slots() { return group->waves[current->index / WAVE]; }
@@ -268,6 +271,29 @@ V4F mfma_16x16x32_bf16(V8BF a, V8BF b, V4F c) {
   return d;
 }
 
+// ----- LDS stores and s_barrier (isa_facts.h: lds.barrier_visibility) -----
+// s_barrier does not wait for LDS operations, so a wave's plain LDS store reaches the other waves across it only
+// if the wave waited for its LDS operations first (s_waitcnt lgkmcnt(0), which a workgroup-scope release fence
+// is). `lds_released` is LDS as the barrier may hand it over: a wait copies LDS into it, a direct-to-LDS load
+// updates it as it updates LDS (poison at issue, data when its vmcnt wait retires it). When the last lane reaches
+// an s_barrier, every byte where LDS differs from it was stored and never released: it becomes poison, for the
+// storing wave too (the emulator keeps one LDS, and hostile is the safe side). Stores are found by comparing bytes,
+// so a wait releases every store made so far, whichever wave made it (as visibility.h, the model cannot tell lanes
+// apart), and a store of the value already there goes unseen.
+inline size_t lds_bytes() { return (size_t)(__stop_mla_emu_lds - __start_mla_emu_lds); }
+inline uint8_t* released_copy(const void* lds_address) {
+  return lds_released.data() + (static_cast<const uint8_t*>(lds_address) - __start_mla_emu_lds);
+}
+inline void release_lds_stores() { std::memcpy(lds_released.data(), __start_mla_emu_lds, lds_bytes()); }
+
+inline void workgroup_barrier() {
+  Barrier& b = group->sync;
+  if (b.count + 1 == b.n && !mla_facts::BARRIER_WAITS_FOR_LDS)
+    for (size_t i = 0; i < lds_bytes(); ++i)
+      if (__start_mla_emu_lds[i] != lds_released[i]) __start_mla_emu_lds[i] = lds_released[i] = POISON;
+  b.wait();
+}
+
 // ----- direct-to-LDS loads and s_waitcnt -----
 inline const int* lds_dma_row(int size) {
   for (const auto& row : mla_facts::LDS_DMA)
@@ -290,19 +316,31 @@ inline void global_load_lds(const void* src, void* dst, int size, int offset) {
   if (slot < __start_mla_emu_lds || slot + placement[1] > __stop_mla_emu_lds)
     return fail("direct-to-LDS write outside LDS", slot);
   std::memset(slot, POISON, placement[1]);  // undefined until the load retires; an unwritten dword stays so
+  std::memset(released_copy(slot), POISON, placement[1]);
   current->pending.push_back(PendingCopy{slot, s, placement[2]});
 }
 
-// s_waitcnt: retires this lane's oldest loads until at most vmcnt remain (isa_facts.h encoding).
-inline void wait_vmcnt(unsigned imm) {
+// vmcnt counts every vector-memory operation of the wave, retired in issue order: the direct-to-LDS loads (whose
+// copy lands when they retire) and the global atomics (done at issue here: an entry without a copy). The kernels'
+// plain global loads and stores are C++ accesses that complete at once and take no entry, so a wait here retires
+// direct-to-LDS loads no earlier than the hardware would (the stricter side).
+inline void issue_vector_memory_without_copy() { current->pending.push_back(PendingCopy{nullptr, nullptr, 0}); }
+
+// s_waitcnt: retires this lane's oldest operations until at most vmcnt remain, and with lgkmcnt 0 releases the LDS
+// stores made so far (isa_facts.h encoding).
+inline void wait_counters(unsigned imm) {
   using namespace mla_facts;
   const size_t allowed = ((imm >> VMCNT_LO_SHIFT) & ((1u << VMCNT_LO_BITS) - 1)) |
                          (((imm >> VMCNT_HI_SHIFT) & ((1u << VMCNT_HI_BITS) - 1)) << VMCNT_LO_BITS);
   while (current->pending.size() > allowed) {
     const PendingCopy& c = current->pending.front();
-    std::memcpy(c.dst, c.src, c.bytes);
+    if (c.dst) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      std::memcpy(released_copy(c.dst), c.src, c.bytes);
+    }
     current->pending.pop_front();
   }
+  if (((imm >> LGKMCNT_SHIFT) & ((1u << LGKMCNT_BITS) - 1)) == 0) release_lds_stores();
 }
 
 // ----- global atomics (isa_facts.h: alignment, visible scopes, signed min) -----
@@ -319,6 +357,7 @@ inline int32_t global_atomic(int32_t* address, int32_t value, int scope, AtomicO
     return fail("misaligned global atomic", address), 0;
   if (address < group->atomic_lo || address + 1 > group->atomic_hi)
     return fail("global atomic outside the buffers given to the kernel", address), 0;
+  issue_vector_memory_without_copy();
   const int32_t old = *address;
   if (op == AtomicOp::Or) {
     *address = old | value;
@@ -397,8 +436,9 @@ inline int frexp_exponent(float x) {
 #define __builtin_amdgcn_workgroup_id_z() (unsigned)mla_emu::group->block[2]
 #define __builtin_amdgcn_mbcnt_lo(mask, v) ((v) + (unsigned)(mla_emu::lane() < 32 ? mla_emu::lane() : 32))
 #define __builtin_amdgcn_mbcnt_hi(mask, v) ((v) + (unsigned)(mla_emu::lane() > 32 ? mla_emu::lane() - 32 : 0))
-#define __builtin_amdgcn_s_barrier() mla_emu::group->sync.wait()
-#define __builtin_amdgcn_s_waitcnt(n) mla_emu::wait_vmcnt(n)
+#define __builtin_amdgcn_s_barrier() mla_emu::workgroup_barrier()
+#define __builtin_amdgcn_s_waitcnt(n) mla_emu::wait_counters(n)
+#define __builtin_amdgcn_sched_group_barrier(mask, size, sync_id) ((void)0)  // instruction order only
 #define __builtin_amdgcn_ds_bpermute(address, data) mla_emu::bpermute(address, data)
 #define __builtin_amdgcn_readfirstlane(v) mla_emu::exchange_first(v)
 #define __builtin_amdgcn_frexp_expf(x) mla_emu::frexp_exponent(x)
@@ -435,10 +475,12 @@ inline int fence_scope(const char* scope) {  // clang's __builtin_amdgcn_fence s
 }
 
 inline void fence(int order, const char* scope) {
+  const bool release = order == __ATOMIC_RELEASE || order == __ATOMIC_ACQ_REL || order == __ATOMIC_SEQ_CST;
+  if (release && fence_scope(scope) >= __HIP_MEMORY_SCOPE_WORKGROUP) release_lds_stores();  // s_waitcnt lgkmcnt(0)
   bool between_workgroups = false;
   for (int s : mla_facts::FENCE_VISIBLE_SCOPES) between_workgroups |= s == fence_scope(scope);
   if (!visibility || !between_workgroups) return;
-  if (order == __ATOMIC_RELEASE || order == __ATOMIC_ACQ_REL || order == __ATOMIC_SEQ_CST)
+  if (release)
     visibility->release_fence(mla_facts::FENCE_RELEASES_OWN_WAVE_ONLY ? current->index : -1);
   if (order == __ATOMIC_ACQUIRE || order == __ATOMIC_ACQ_REL || order == __ATOMIC_SEQ_CST) visibility->acquire_fence();
 }
@@ -457,13 +499,16 @@ inline bool counter_ok(int32_t* address, int order, int scope) {
 inline int32_t counter_fetch_add(int32_t* address, int32_t value, int order, int scope) {
   if (!counter_ok(address, order, scope)) return 0;
   visibility->counter_rmw((int)(address - visibility->counters_lo));
+  issue_vector_memory_without_copy();
   const int32_t old = *address;
   *address = old + value;
   return mla_facts::COUNTER_RETURNS_OLD ? old : old + value;
 }
 
 inline void counter_store(int32_t* address, int32_t value, int order, int scope) {
-  if (counter_ok(address, order, scope)) *address = value;
+  if (!counter_ok(address, order, scope)) return;
+  issue_vector_memory_without_copy();
+  *address = value;
 }
 
 }  // namespace mla_emu

@@ -57,8 +57,8 @@ def new_error_flag():
 
 
 def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_rows=None, error_flag=None,
-               lse=None, arrivals=None, fused=False):
-    """(error text or '', output) of the kernels on CPU lanes; outputs and split buffers start as NaN.
+               lse=None, arrivals=None, fused=False, sm_scale=DEFAULT_SM_SCALE):
+    """(error text or '', output) of the kernels on CPU lanes at sm_scale; outputs and split buffers start as NaN.
     error_flag: the int32 (2,) flag the kernels record indptr violations in (a fresh clear one when None).
     lse: None, or float32 (total_q, H) the kernels write the log-sum-exp into. fused: the single-launch kernel (fp8),
     its split counters `arrivals` (int32 (total_q * H / 16,), zeros when None; left as the kernel leaves them)."""
@@ -78,7 +78,7 @@ def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_
                      None if lse is None else lse.data_ptr(), arrivals.data_ptr() if fused else None,
                      q.stride(0), q.stride(1),
                      out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
-                     kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, DEFAULT_SM_SCALE * LOG2E)
+                     kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, sm_scale * LOG2E)
     error = _error_buffer()
     if fused:
         rc = lib.emu_decode_fused(ctypes.byref(p), occupancy, ctypes.c_void_p(kv.data_ptr()),
@@ -109,6 +109,17 @@ def load_lds(lib, src, size, lds_len=1024):
     error = _error_buffer()
     rc = lib.emu_load_lds(ctypes.c_void_p(src.data_ptr()), ctypes.c_long(src.numel()), size,
                           ctypes.c_void_p(lds.data_ptr()), lds_len, error, len(error))
+    return ("" if rc == 0 else error.value.decode() or "failed"), lds
+
+
+def load_lds_then_atomics(lib, src, atomics, left):
+    """(error, 1 KiB of LDS) after one emulated 16-byte direct-to-LDS wave load from uint8 `src` (1 KiB), `atomics`
+    global atomics and s_waitcnt vmcnt(`left`)."""
+    src = src.contiguous()
+    lds = torch.zeros(1024, dtype=torch.uint8)
+    error = _error_buffer()
+    rc = lib.emu_load_lds_then_atomics(ctypes.c_void_p(src.data_ptr()), ctypes.c_long(src.numel()), atomics, left,
+                                       ctypes.c_void_p(lds.data_ptr()), 1024, error, len(error))
     return ("" if rc == 0 else error.value.decode() or "failed"), lds
 
 
@@ -149,7 +160,8 @@ KERNEL_SOURCES = HERE.parents[1] / "mixed_mla" / "kernels" / "gfx950" / "decode"
 
 def build_probes(out_dir: Path, overrides=None) -> ctypes.CDLL:
     """The hardware probes (tools/gfx950_probes/probes.hip) on CPU lanes, built from the fact base's values (or
-    `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe."""
+    `overrides`: a wrong hardware, whose contradicted facts the probes must report). Exports emu_probe and
+    emu_occupancy."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "isa_facts.h").write_text(facts.header(overrides))
     lib = out_dir / "probes.so"

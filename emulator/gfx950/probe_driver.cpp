@@ -41,3 +41,16 @@ extern "C" int emu_probe(const char* name, const int32_t* in, int32_t* out, char
   mla_emu::visibility = nullptr;
   return ok ? 0 : 1;
 }
+
+// The occupancy query (launch_rocm.hip occupancy_run) as the fact base answers it: LDS is the only limit modelled,
+// so the probe asks only about sizes at which it binds.
+extern "C" int emu_occupancy(const int32_t* lds_bytes, int32_t* blocks, char* error, int error_len) {
+  for (int i = 0; i < mla_probe::OCCUPANCY_SIZES; ++i) {
+    if (lds_bytes[i] <= 0) {
+      snprintf(error, error_len, "occupancy at %d bytes of LDS: not modelled", lds_bytes[i]);
+      return 1;
+    }
+    blocks[i] = mla_facts::LDS_BYTES_PER_CU / lds_bytes[i];
+  }
+  return 0;
+}

@@ -13,6 +13,7 @@ Lane* current = nullptr;
 ucontext_t scheduler;
 long progress = 0;
 Visibility* visibility = nullptr;   // visibility.h: set for a fused launch only
+std::vector<uint8_t> lds_released;  // emulation.h: LDS stores and s_barrier
 }  // namespace mla_emu
 
 // The host compiler lowers the kernels' (__bf16) casts to this libgcc/compiler-rt routine, which the shared
@@ -45,7 +46,8 @@ bool run_group(Fibers& f, int threads, std::function<void()> body) {
     group->waves[w].sync = Barrier{};
     group->waves[w].sync.n = WAVE;
   }
-  std::memset(__start_mla_emu_lds, POISON, __stop_mla_emu_lds - __start_mla_emu_lds);
+  std::memset(__start_mla_emu_lds, POISON, lds_bytes());
+  lds_released.assign(lds_bytes(), POISON);
   lane_body = &body;
   for (int t = 0; t < threads; ++t) {
     Lane& lane = f.lanes[t];

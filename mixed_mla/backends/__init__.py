@@ -13,6 +13,9 @@ to know about it in ONE place, its `SPEC` (a BackendSpec below), and defines two
                                         it attends (-inf for a row that attends nothing)
     run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len[, workspace]
               [, lse])                  optional: the paged form (mixed_mla/paged.py), same rules
+    run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale[, lse])
+                                        optional: sparse top-k decode (mixed_mla/sparse.py); a backend without it
+                                        whose run_paged writes the LSE serves sparse decodes through run_paged
 Its import must not fail for a missing toolchain or device: anything optional is imported inside `available`.
 Adding a backend = its module + one line in REGISTRY. Registry order is the preference order among the
 backends native to one arch; FALLBACK serves every device and is the last resort.

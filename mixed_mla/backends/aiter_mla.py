@@ -22,7 +22,7 @@ measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls
 Bad indptr contents (validate.py, tier 3): aiter's metadata builder and decode read qo_indptr / kv_indptr on the
 device and clamp nothing, so a decreasing entry or one past q or the cache would send them out of bounds. The
 guarantee here is the compiled kernels': whatever the indptr arrays hold, aiter never reads or writes out of bounds,
-and the violation is recorded in the device's error flag (validate.device_error_flag) for the next plan, or
+and the violation is recorded in the device's error flag (validate.device_error_flag) for a validate=True run, or
 validate.raise_device_errors, to raise. Before aiter sees them, guard_indptr copies both arrays into plan-owned
 device buffers clamped to [0, total_q] (qo) and [0, cache rows] (kv), with a running max so they never decrease,
 the first entries 0 and qo's last total_q, and ORs any change (bit FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR, the

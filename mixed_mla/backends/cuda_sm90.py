@@ -1,4 +1,4 @@
-"""Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), JIT-built with torch's load_inline.
+"""Hopper (sm_90a) backend: our CUDA kernels (kernels/sm90/decode/), built ahead of time or JIT (kernels.load).
 
 One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr contents on the device (clamped), so
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged when > 1 by a
@@ -11,8 +11,8 @@ time for the plan's most query rows and owned by its DecodePlan (freed with it);
 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: the kernel clamps every segment to the tensors, so it never reads or writes out of
-bounds, and records the violation in the device's error flag (validate.device_error_flag), which the next plan
-on the device, or validate.raise_device_errors, raises as a ValueError.
+bounds, and records the violation in the device's error flag (validate.device_error_flag), which
+validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
@@ -30,11 +30,11 @@ import torch
 
 from . import WORKSPACE_ALIGNMENT, BackendSpec, aligned, build_failure
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from ..kernels import jit_build
+from .. import kernels
 from ..validate import device_error_flag
 
 KERNEL_DIR = "sm90/decode"
-ARCH_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a"]
+ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
 FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
 TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
@@ -44,6 +44,11 @@ _PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 # Plan.fused is honoured (planner.fuses_merge reads this): the merge runs inside the split kernel. Opt-in: a plan has
 # it only where the measured table chose it (tools/autotune.py times both), never by default.
 FUSES_MERGE = True
+# Plan.split_tokens is honoured (planner.batch_invariant_backend reads this): the kernel cuts each row into shares of
+# that many tokens (decode_split.cuh split_rows) and the merge kernel sums a row's splits in order, an empty split
+# adding exactly 0, so neither depends on the launch's split count. A batch-invariant plan's workspace holds all its
+# splits (no cap: capping would change the cut): rows x heads x splits x 1028 B, 134 MB at 256 x 8192 with 16 heads.
+BATCH_INVARIANT = True
 
 
 class Workspace(NamedTuple):
@@ -76,7 +81,7 @@ def _counter_region(usable: int) -> int:
 
 def _regions(plan, max_total_q: int, num_heads: int):
     """(splits, partial_out elements, partial_lse elements, counters) of `plan` for up to max_total_q rows."""
-    splits = splits_for(plan.num_splits, max_total_q, num_heads)
+    splits = plan.num_splits if plan.batch_invariant else splits_for(plan.num_splits, max_total_q, num_heads)
     rows = max_total_q * num_heads * splits if splits > 1 else 0
     counters = max_total_q * -(-num_heads // HEAD_GROUP) if splits > 1 and plan.fused else 0
     return splits, rows * V_HEAD_DIM, rows, counters
@@ -93,7 +98,7 @@ def _buffer_bytes(partial_rows: int, counters: int) -> int:
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:
     """The bytes make_workspace needs of a caller's buffer for `plan` with up to max_total_q query rows; plan None:
-    the most any plan of this backend needs there (any split count, fused or not)."""
+    the most any plan of this backend needs there (any split count, fused or not), but a batch-invariant one's."""
     if plan is not None:
         _, _, rows, counters = _regions(plan, max_total_q, num_heads)
         return _buffer_bytes(rows, counters)
@@ -130,8 +135,7 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    # the .cu files carry no torch header: only binding.cpp pays for torch's headers
-    return jit_build(KERNEL_DIR, ("decode.cu",), ARCH_FLAGS, no_implicit_headers=True)
+    return kernels.load(KERNEL_DIR)
 
 
 def splits_for(requested: int, total_q: int, num_heads: int) -> int:
@@ -190,7 +194,8 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
             variant = paged_fp8_variant(plan.variant, kv.shape[1])
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
-            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32))
+            block_table, seq_lens, lse, workspace.split_counters if plan.fused else _empty(q.device, torch.int32),
+            plan.split_tokens)
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come

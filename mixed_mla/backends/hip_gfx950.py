@@ -1,4 +1,4 @@
-"""gfx950 (MI355X) backend: our HIP kernels (kernels/gfx950/decode/), JIT-built with torch's load_inline.
+"""gfx950 (MI355X) backend: our HIP kernels (kernels/gfx950/decode/), built ahead of time or JIT (kernels.load).
 
 Stage 1 runs one workgroup per (KV split, query row, group of 16 heads) and reads the indptr contents on the
 device (clamped), so any layout is handled and a plan fixes only the launch geometry; with more than one split a
@@ -12,7 +12,7 @@ query rows and owned by its DecodePlan (freed with it). `run(..., lse=)` writes 
 Bad indptr contents (a decreasing entry, one past q or the cache, a first entry other than 0) cannot be seen on
 the host without a sync: stage 1 clamps every segment to the tensors, so it never reads or writes out of bounds,
 and records the violation in the device's error flag (validate.device_error_flag) by the sm90 kernels' rule
-(stage1.h record_indptr_violation), which the next plan on the device, or validate.raise_device_errors, raises.
+(stage1.h record_indptr_violation), which validate.raise_device_errors (or a validate=True run) raises.
 
 Plan fields: `variant` occ2 | occ3 | occ4 = the occupancy target in workgroups per CU (triple, double, single LDS
 buffer; tools/gfx950_report.py checks each reaches it), fused_occ2 | fused_occ3 | fused_occ4 the same with the
@@ -38,7 +38,7 @@ import torch
 
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, QK_HEAD_DIM
 from ..formats import as_uint8
-from ..kernels import jit_build
+from .. import kernels
 from . import cuda_sm90  # the same split workspace: partials, LSEs, the error flag
 
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
@@ -54,11 +54,7 @@ FUSED_OPT_IN = "MLA_GFX950_FUSED"              # "1" at import: the SPEC declare
 DEFAULT_VARIANT = "occ3"
 ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
-KERNEL_FILES = ("stage1_fp8_occ2.hip", "stage1_fp8_occ3.hip", "stage1_fp8_occ4.hip", "stage1_mxfp4_occ2.hip",
-                "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "stage1_fused_fp8_occ2.hip",
-                "stage1_fused_fp8_occ3.hip", "stage1_fused_fp8_occ4.hip", "merge.hip", "indptr_guard.hip",
-                "launch.hip")
-FUNCTIONS = ("forward", "guard_indptr")   # binding.cpp's exports: the decode, the aiter route's indptr guard
+KERNEL_FILES = kernels.BUILDS[KERNEL_DIR].device_files
 ROW_BYTES = {"fp8": QK_HEAD_DIM, "mxfp4": QK_HEAD_DIM // 2}
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
@@ -129,7 +125,7 @@ def available(device):
 
 @functools.lru_cache(maxsize=None)
 def _module():
-    return jit_build(KERNEL_DIR, KERNEL_FILES, [f"--offload-arch={ARCH}"], functions=FUNCTIONS)
+    return kernels.load(KERNEL_DIR)
 
 
 def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, workspace=None, lse=None):

@@ -36,3 +36,21 @@ extern "C" int probe_run(const char* name, const int32_t* in, int32_t* out, char
   if (status != hipSuccess) snprintf(error, error_len, "%s: %s", name, hipGetErrorString(status));
   return status == hipSuccess ? 0 : 1;
 }
+
+// How many one-wave workgroups of probe_lane_id fit one CU with lds_bytes[i] bytes of dynamic LDS each, for i <
+// OCCUPANCY_SIZES, by the runtime's occupancy calculator (what decides how many decode workgroups share a CU).
+// Returns 0, or 1 with the error.
+extern "C" int occupancy_run(const int32_t* lds_bytes, int32_t* blocks, char* error, int error_len) {
+  using namespace mla_probe;
+  for (int i = 0; i < OCCUPANCY_SIZES; ++i) {
+    int fit = 0;
+    const hipError_t status = hipOccupancyMaxActiveBlocksPerMultiprocessor(
+        &fit, reinterpret_cast<const void*>(&probe_lane_id), PROBE_THREADS, (size_t)lds_bytes[i]);
+    if (status != hipSuccess) {
+      snprintf(error, error_len, "occupancy at %d bytes of LDS: %s", lds_bytes[i], hipGetErrorString(status));
+      return 1;
+    }
+    blocks[i] = fit;
+  }
+  return 0;
+}

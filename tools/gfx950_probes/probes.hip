@@ -17,12 +17,17 @@ constexpr int PROBE_OUT_WORDS = 8192;
 // One scaled-MFMA call's inputs: A [64][8], B [64][8], scale A [64], scale B [64]; its output D [64][4].
 constexpr int MFMA_CALL_WORDS = 64 * 8 * 2 + 64 * 2;
 constexpr int MFMA_OUT_WORDS = 64 * 4;
+// One bf16 MFMA call's inputs: A [64][4], B [64][4] (words of two bf16).
+constexpr int BF16_CALL_WORDS = 64 * 4 * 2;
 constexpr int FP8 = 0, FP4 = 4;
 constexpr unsigned SENTINEL = 0xA5A5A5A5u;   // LDS filler that no probe input byte equals
 constexpr int LDS_PROBE_BYTES = 2048;
-constexpr int WAIT_LOADS = 20;               // direct-to-LDS loads in flight in the s_waitcnt probe
-constexpr int WAIT_LEFT = 16;                // vmcnt it waits for: needs the counter's high bits
-constexpr int WAIT_STRIDE = 256;             // bytes of LDS (and of source) per load: 64 lanes x 4 bytes
+// The s_waitcnt probe: two runs of 16-byte direct-to-LDS loads (the kernels' tile loads), each followed by a wait
+// that leaves WAIT_LEFT_* of them in flight: the first encodable in vmcnt's low bits alone, the second needing its
+// high bits. Each load writes WAIT_STRIDE bytes of LDS (64 lanes x 16 bytes).
+constexpr int WAIT_LOADS_LOW = 8, WAIT_LEFT_LOW = 3;
+constexpr int WAIT_LOADS_HIGH = 20, WAIT_LEFT_HIGH = 16;
+constexpr int WAIT_STRIDE = 64 * 16;
 // The hand-off probe: HANDOFF_GROUPS workgroups of one wave; out[0] is their counter, out[HANDOFF_DATA + 64 w + l]
 // workgroup w's lane l's store, out[HANDOFF_SEEN + l] how many of column l's stores the last arriver's lane l saw,
 // out[HANDOFF_LAST + w] 1 where workgroup w was the last arriver.
@@ -40,9 +45,9 @@ __device__ inline void store_d(int32_t* out, v4f d) {
   }
 }
 
-// Call m of a run of scaled MFMAs: the registers come from in[1 + m * MFMA_CALL_WORDS ...]; op_sel of A is a
-// template argument (an immediate), B's is 0.
-template <int FA, int FB, int OPSEL_A>
+// Call m of a run of scaled MFMAs: the registers come from in[1 + m * MFMA_CALL_WORDS ...]; the op_sels of A's and
+// B's scale are template arguments (immediates).
+template <int FA, int FB, int OPSEL_A, int OPSEL_B>
 __device__ inline void mfma_scale_call(const int32_t* in, int32_t* out, int m) {
   const int l = lane_id();
   const int32_t* call = in + 1 + m * MFMA_CALL_WORDS;
@@ -54,43 +59,49 @@ __device__ inline void mfma_scale_call(const int32_t* in, int32_t* out, int m) {
   }
   const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
   store_d(out + m * MFMA_OUT_WORDS, __builtin_amdgcn_mfma_scale_f32_16x16x128_f8f6f4(
-                                        a, b, zero, FA, FB, OPSEL_A, call[1024 + l], 0, call[1088 + l]));
+                                        a, b, zero, FA, FB, OPSEL_A, call[1024 + l], OPSEL_B, call[1088 + l]));
 }
 
 template <int FA, int FB>
 __device__ inline void mfma_scale_calls(const int32_t* in, int32_t* out) {
-  for (int m = 0; m < in[0]; ++m) mfma_scale_call<FA, FB, 0>(in, out, m);
+  for (int m = 0; m < in[0]; ++m) mfma_scale_call<FA, FB, 0, 0>(in, out, m);
 }
 
 // Lane ids: wave_size.
 __global__ void probe_lane_id(const int32_t*, int32_t* out) { out[thread_id()] = lane_id(); }
 
-// Scaled MFMAs in the format pairs the kernels use, op_sel 0 (the row/column map and the result layout; the fp4 x
-// fp8 operand pairing; the fp4 scale lanes).
+// Scaled MFMAs in the format pairs the kernels use (fp8 x fp8, fp4 x fp8), op_sel 0 on both scales.
 __global__ void probe_mfma_fp8_fp8(const int32_t* in, int32_t* out) { mfma_scale_calls<FP8, FP8>(in, out); }
 __global__ void probe_mfma_fp4_fp8(const int32_t* in, int32_t* out) { mfma_scale_calls<FP4, FP8>(in, out); }
-__global__ void probe_mfma_fp4_fp4(const int32_t* in, int32_t* out) { mfma_scale_calls<FP4, FP4>(in, out); }
 
-// Calls 0-3 with A's op_sel 0-3: which scale byte each picks.
+// fp4 x fp8 calls 0-6 with (A's op_sel, B's op_sel) = (0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3): which
+// byte of each scale register each picks.
 __global__ void probe_mfma_opsel(const int32_t* in, int32_t* out) {
-  mfma_scale_call<FP4, FP4, 0>(in, out, 0);
-  mfma_scale_call<FP4, FP4, 1>(in, out, 1);
-  mfma_scale_call<FP4, FP4, 2>(in, out, 2);
-  mfma_scale_call<FP4, FP4, 3>(in, out, 3);
+  mfma_scale_call<FP4, FP8, 0, 0>(in, out, 0);
+  mfma_scale_call<FP4, FP8, 1, 0>(in, out, 1);
+  mfma_scale_call<FP4, FP8, 2, 0>(in, out, 2);
+  mfma_scale_call<FP4, FP8, 3, 0>(in, out, 3);
+  mfma_scale_call<FP4, FP8, 0, 1>(in, out, 4);
+  mfma_scale_call<FP4, FP8, 0, 2>(in, out, 5);
+  mfma_scale_call<FP4, FP8, 0, 3>(in, out, 6);
 }
 
-// The bf16 MFMA of P.V: A in[0..255] (4 words a lane), B in[256..511]; D to out.
+// in[0] calls of the bf16 MFMA of P.V: call m's A at in[1 + m * BF16_CALL_WORDS] (4 words a lane), its B 256
+// words on; its D to out[m * MFMA_OUT_WORDS].
 __global__ void probe_mfma_bf16(const int32_t* in, int32_t* out) {
   const int l = lane_id();
-  v4u a, b;
+  for (int m = 0; m < in[0]; ++m) {
+    const int32_t* call = in + 1 + m * BF16_CALL_WORDS;
+    v4u a, b;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    a[k] = (unsigned)in[4 * l + k];
-    b[k] = (unsigned)in[256 + 4 * l + k];
+    for (int k = 0; k < 4; ++k) {
+      a[k] = (unsigned)call[4 * l + k];
+      b[k] = (unsigned)call[256 + 4 * l + k];
+    }
+    const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
+    store_d(out + m * MFMA_OUT_WORDS, __builtin_amdgcn_mfma_f32_16x16x32_bf16(
+                                          __builtin_bit_cast(v8bf, a), __builtin_bit_cast(v8bf, b), zero, 0, 0, 0));
   }
-  const v4f zero = {0.0f, 0.0f, 0.0f, 0.0f};
-  store_d(out, __builtin_amdgcn_mfma_f32_16x16x32_bf16(__builtin_bit_cast(v8bf, a), __builtin_bit_cast(v8bf, b),
-                                                         zero, 0, 0, 0));
 }
 
 // Fills the probe's LDS with SENTINEL; every lane's stores are complete before the function returns.
@@ -129,27 +140,50 @@ __global__ void probe_load_lds(const int32_t* in, int32_t* out) {
   load_and_dump<4, 64>(in, lds, out + 3 * image);
 }
 
-// WAIT_LOADS 4-byte loads, then s_waitcnt vmcnt(WAIT_LEFT) as the kernels spell it: lane l writes what it reads
-// of every load's dword right after the wait (out[i * 64 + l]), and again after vmcnt(0) (the second half).
-__global__ void probe_waitcnt(const int32_t* in, int32_t* out) {
-  __shared__ __attribute__((aligned(16))) uint8_t lds[WAIT_LOADS * WAIT_STRIDE];
+// Whether lane l's 16 bytes of load i, as read from LDS (`got`), equal the source: 1 or 0.
+__device__ inline int32_t landed(v4u got, const int32_t* in, int i) {
+  const int32_t* want = in + (i * WAIT_STRIDE + 16 * lane_id()) / 4;
+  bool same = true;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) same &= (int32_t)got[k] == want[k];
+  return same;
+}
+
+// LOADS 16-byte loads (source bytes in[i * WAIT_STRIDE + 16 l ..]), then s_waitcnt vmcnt(LEFT) as the kernels spell
+// it; lane l reads its 16 bytes of every load from LDS right after that wait and again after vmcnt(0), and writes
+// landed() of each: out[i * 64 + l] after the first wait, out[(LOADS + i) * 64 + l] after the second. Only the
+// oldest LOADS - LEFT are promised after the first wait (later ones may have landed too, in any order), so the
+// verdict reads only what the wait promises: on in-order hardware it cannot depend on timing.
+template <int LOADS, int LEFT>
+__device__ inline void loads_then_wait(const int32_t* in, uint8_t* lds, int32_t* out) {
   const int l = lane_id();
-  for (int w = l; w < WAIT_LOADS * WAIT_STRIDE / 4; w += PROBE_THREADS) reinterpret_cast<unsigned*>(lds)[w] = SENTINEL;
+  for (int w = l; w < LOADS * WAIT_STRIDE / 4; w += PROBE_THREADS) reinterpret_cast<unsigned*>(lds)[w] = SENTINEL;
   __builtin_amdgcn_s_waitcnt(0);
   barrier();
   const uint8_t* src = reinterpret_cast<const uint8_t*>(in);
 #pragma unroll
-  for (int i = 0; i < WAIT_LOADS; ++i)
-    __builtin_amdgcn_global_load_lds((global_void*)(src + i * WAIT_STRIDE + 4 * l), (lds_void*)(lds + i * WAIT_STRIDE),
-                                     4, 0, 0);
-  MLA_WAIT_VMCNT(WAIT_LEFT);
-  const unsigned* words = reinterpret_cast<const unsigned*>(lds);
+  for (int i = 0; i < LOADS; ++i)
+    __builtin_amdgcn_global_load_lds((global_void*)(src + i * WAIT_STRIDE + 16 * l),
+                                     (lds_void*)(lds + i * WAIT_STRIDE), 16, 0, 0);
+  MLA_WAIT_VMCNT(LEFT);
+  v4u early[LOADS];
 #pragma unroll
-  for (int i = 0; i < WAIT_LOADS; ++i) out[i * PROBE_THREADS + l] = (int32_t)words[i * WAIT_STRIDE / 4 + l];
+  for (int i = 0; i < LOADS; ++i) early[i] = *reinterpret_cast<const v4u*>(lds + i * WAIT_STRIDE + 16 * l);
   MLA_WAIT_VMCNT(0);
 #pragma unroll
-  for (int i = 0; i < WAIT_LOADS; ++i)
-    out[(WAIT_LOADS + i) * PROBE_THREADS + l] = (int32_t)words[i * WAIT_STRIDE / 4 + l];
+  for (int i = 0; i < LOADS; ++i) {
+    out[i * PROBE_THREADS + l] = landed(early[i], in, i);
+    out[(LOADS + i) * PROBE_THREADS + l] =
+        landed(*reinterpret_cast<const v4u*>(lds + i * WAIT_STRIDE + 16 * l), in, i);
+  }
+  barrier();
+}
+
+// The low-bits run (out[0 ..]), then the high-bits run (out[2 * WAIT_LOADS_LOW * 64 ..]), on one LDS buffer.
+__global__ void probe_waitcnt(const int32_t* in, int32_t* out) {
+  __shared__ __attribute__((aligned(16))) uint8_t lds[WAIT_LOADS_HIGH * WAIT_STRIDE];
+  loads_then_wait<WAIT_LOADS_LOW, WAIT_LEFT_LOW>(in, lds, out);
+  loads_then_wait<WAIT_LOADS_HIGH, WAIT_LEFT_HIGH>(in, lds, out + 2 * WAIT_LOADS_LOW * PROBE_THREADS);
 }
 
 // f32 -> fp8 pairs: in floats [4 l .. 4 l + 3], old word in[256 + l]; out[3 l ..]: word_sel 0 into old, word_sel 1
@@ -240,6 +274,10 @@ __global__ void probe_handoff(const int32_t* in, int32_t* out) {
   }
 }
 
+// The LDS bytes per workgroup the occupancy probe asks about (tools/gfx950_probes.py lds_occupancy): the
+// launchers answer, per size, how many one-wave workgroups of probe_lane_id with that much dynamic LDS fit a CU.
+constexpr int OCCUPANCY_SIZES = 4;
+
 // Workgroups a probe runs on (one wave each): the hand-off probe needs several, every other probe one. (No
 // <cstring> here: this text also compiles device-only, without the C library's headers.)
 inline int probe_groups(const char* name) {
@@ -253,5 +291,5 @@ inline int probe_groups(const char* name) {
 
 // Every probe kernel, for the launchers' name tables.
 #define MLA_PROBES(X)                                                                                              \
-  X(lane_id) X(mfma_fp8_fp8) X(mfma_fp4_fp8) X(mfma_fp4_fp4) X(mfma_opsel) X(mfma_bf16) X(load_lds) X(waitcnt) \
+  X(lane_id) X(mfma_fp8_fp8) X(mfma_fp4_fp8) X(mfma_opsel) X(mfma_bf16) X(load_lds) X(waitcnt)                  \
   X(cvt_pk_fp8) X(cvt_bf16_fp8) X(cvt_bf16_fp4) X(cvt_bf16_f32) X(transcendentals) X(bpermute) X(atomics) X(handoff)

@@ -91,8 +91,14 @@ constexpr int buffers_for_occupancy(int occ) { return occ == 4 ? 1 : occ == 3 ? 
 
 // Where the fp8 Q operands live during the tile loop. In registers they take 40 of a lane's registers; at occ4
 // (128 registers) that left fp8 at 127 and spilled 8 for mxfp4 (clang 22), so occ4 reads Q from LDS instead
-// (10 KiB: 5 steps x 64 lanes x 32 B; then 102 / 106 registers), trading LDS reads for headroom.
+// (10 KiB: 5 steps x 64 lanes x 32 B; then 108 / 117 registers, clang 22), trading LDS reads for headroom.
 constexpr bool q_in_lds(int occ) { return occ >= 4; }
+
+// Q.K steps whose K reads are issued ahead of their MFMAs (stage1.h pipeline_k_reads; a step is 2 MFMAs and 16 of a
+// lane's registers). Two where the registers allow it and llvm-mca counts it faster: fp8 at occ2 (154 of 256
+// registers; 48.2 -> 43.5 clocks/token). One elsewhere: two measured slower at occ3, whose 168-register cap it
+// meets (48.5 -> 55.2), and for mxfp4 at occ2 (53.9 -> 60.3) (docs/mi355x.md).
+constexpr int k_steps_ahead(int occ, bool fp8_k) { return occ == 2 && fp8_k ? 2 : 1; }
 constexpr int Q_LDS_BYTES = QK_STEPS * WAVE_SIZE * K_GROUP;
 
 }  // namespace mla_gfx950

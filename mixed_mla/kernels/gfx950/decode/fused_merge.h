@@ -28,14 +28,6 @@
 
 namespace mla_gfx950 {
 
-// s_barrier with LDS ordering: workgroup-scope release before and acquire after (what HIP's __syncthreads is), so
-// thread 0's LDS store is seen by every wave after it.
-__device__ inline void workgroup_sync() {
-  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
-  barrier();
-  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
-}
-
 // Called by every lane of a stage-1 workgroup after its partial stores; true in the last arriver of (t, head_group).
 // verdict: an int of LDS for thread 0's verdict, inside stage1's one LDS array (a tile slot, free once the tile loop
 // has ended). Not a __shared__ of its own: with a second LDS object in the kernel, clang 22 can no longer tell the

@@ -26,12 +26,12 @@ __device__ inline void guard_indptr(const IndptrGuardParams& p) {
     for (int offset = 1; offset < THREADS; offset <<= 1) {
       scan[0][tid] = qo;
       scan[1][tid] = kv;
-      barrier();
+      workgroup_sync();
       if (tid >= offset) {
         qo = guard_max(qo, scan[0][tid - offset]);
         kv = guard_max(kv, scan[1][tid - offset]);
       }
-      barrier();
+      workgroup_sync();
     }
     qo = guard_max(qo, carry_qo);
     kv = guard_max(kv, carry_kv);
@@ -46,10 +46,10 @@ __device__ inline void guard_indptr(const IndptrGuardParams& p) {
     }
     scan[0][tid] = qo;  // the last thread's values are the running max for the next chunk
     scan[1][tid] = kv;
-    barrier();
+    workgroup_sync();
     carry_qo = scan[0][THREADS - 1];
     carry_kv = scan[1][THREADS - 1];
-    barrier();
+    workgroup_sync();
   }
   if (bits) {
     atomic_or(p.error_flag, bits);

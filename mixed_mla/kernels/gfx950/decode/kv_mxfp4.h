@@ -16,16 +16,23 @@ struct Mxfp4Cache {
 
   __device__ static float value_scale(const DecodeParams&) { return 1.0f; }
 
-  __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, int first_row,
-                                    int rows_end, int lane) {
+  // Chunks 0..8 are the packed rows; the last one is the tile's scale rows, which are 24 bytes (checked by the
+  // binding): 32 rows = 64 lanes x 12 bytes, in 16-byte slots.
+  __device__ static TilePiece chunk_piece(int chunk, int lane) {
+    return chunk < FP4_PACKED_TILE_CHUNKS ? tile_piece(chunk * LOAD_CHUNK_BYTES + lane * 16, FP4_ROW_BYTES)
+                                          : tile_piece(lane * FP4_SCALE_PIECE_BYTES, FP4_SCALE_ROW_BYTES);
+  }
+  __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, TilePiece piece,
+                                    int first_row, int last_row) {
     if (chunk < FP4_PACKED_TILE_CHUNKS) {
-      const int64_t at = tile_piece_offset(chunk * LOAD_CHUNK_BYTES + lane * 16, FP4_ROW_BYTES, first_row, rows_end);
-      __builtin_amdgcn_global_load_lds((global_void*)(p.kv + at),
-                                       (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
-    } else {  // scale rows are 24 bytes (checked by the binding): 32 rows = 64 lanes x 12 bytes, in 16-byte slots
-      const int64_t at = tile_piece_offset(lane * FP4_SCALE_PIECE_BYTES, FP4_SCALE_ROW_BYTES, first_row, rows_end);
-      __builtin_amdgcn_global_load_lds((global_void*)(p.kv_block_scales + at),
-                                       (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES), FP4_SCALE_PIECE_BYTES, 0, 0);
+      const uint8_t* src =
+          tile_rows(p.kv, first_row, FP4_ROW_BYTES) + tile_piece_offset(piece, last_row, FP4_ROW_BYTES);
+      __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
+    } else {
+      const uint8_t* src = tile_rows(p.kv_block_scales, first_row, FP4_SCALE_ROW_BYTES) +
+                           tile_piece_offset(piece, last_row, FP4_SCALE_ROW_BYTES);
+      __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES),
+                                       FP4_SCALE_PIECE_BYTES, 0, 0);
     }
   }
 

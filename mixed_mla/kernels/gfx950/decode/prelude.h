@@ -41,7 +41,20 @@ __device__ inline int thread_id() { return (int)__builtin_amdgcn_workitem_id_x()
 __device__ inline int block_x() { return (int)__builtin_amdgcn_workgroup_id_x(); }
 __device__ inline int block_y() { return (int)__builtin_amdgcn_workgroup_id_y(); }
 __device__ inline int block_z() { return (int)__builtin_amdgcn_workgroup_id_z(); }
+// s_barrier alone: it orders execution, not LDS. It does not wait for this wave's LDS stores to land
+// [lds.barrier_visibility], so it hands over only what a wait already retired (the tile loop's direct-to-LDS loads,
+// after wait_tile's s_waitcnt vmcnt).
 __device__ inline void barrier() { __builtin_amdgcn_s_barrier(); }
+
+// s_barrier with LDS ordering, for a hand-off through plain LDS stores: the workgroup-scope release fence is
+// s_waitcnt lgkmcnt(0) (the stores have landed before the barrier) and the acquire keeps later reads after it (what
+// HIP's __syncthreads is). LLVM's release also waits vmcnt(0) for direct-to-LDS loads in flight (it counts them as
+// LDS stores), so it has no place in the tile loop, where it would wait for the prefetched tiles.
+__device__ inline void workgroup_sync() {
+  __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup");
+  __builtin_amdgcn_s_barrier();
+  __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup");
+}
 
 // Value of `v` in lane `src` of this wave (ds_bpermute addresses lanes in bytes).
 __device__ inline float lane_read(float v, int src) {

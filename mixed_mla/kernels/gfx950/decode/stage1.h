@@ -130,12 +130,31 @@ __device__ inline QFragment load_q_fp8(const DecodeParams& p, int t, int head, i
   return q;
 }
 
-// Issues this wave's share of one tile's direct-to-LDS chunks (pieces past the row's last visible KV row are
-// redirected onto it: kv_rows.h).
+// This wave's share of a tile's direct-to-LDS chunks: chunks wave, wave + 4, ...; the first waves take one more
+// when the count does not divide. Each lane's piece of each is found once (kv_rows.h).
 template <class Cache>
-__device__ inline void issue_tile(const DecodeParams& p, uint8_t* lds_tile, int first_row, int rows_end,
-                                  int wave, int lane) {
-  for (int c = wave; c < Cache::TILE_CHUNKS; c += WAVES) Cache::load_chunk(p, lds_tile, c, first_row, rows_end, lane);
+struct WaveChunks {
+  static constexpr int MAX = (Cache::TILE_CHUNKS + WAVES - 1) / WAVES;
+  TilePiece piece[MAX];
+};
+
+template <class Cache>
+__device__ inline WaveChunks<Cache> wave_chunks(int wave, int lane) {
+  WaveChunks<Cache> chunks;
+#pragma unroll
+  for (int k = 0; k < WaveChunks<Cache>::MAX; ++k) chunks.piece[k] = Cache::chunk_piece(wave + WAVES * k, lane);
+  return chunks;
+}
+
+// Issues this wave's chunks of the tile whose first KV row is first_row (pieces past the segment's last visible
+// row, rows_end - 1, are redirected onto it: kv_rows.h).
+template <class Cache>
+__device__ inline void issue_tile(const DecodeParams& p, const WaveChunks<Cache>& chunks, uint8_t* lds_tile,
+                                  int first_row, int rows_end, int wave) {
+#pragma unroll
+  for (int k = 0; k < WaveChunks<Cache>::MAX; ++k)
+    if (k < WaveChunks<Cache>::MAX - 1 || wave + WAVES * k < Cache::TILE_CHUNKS)  // only the last may be missing
+      Cache::load_chunk(p, lds_tile, wave + WAVES * k, chunks.piece[k], first_row, rows_end - 1 - first_row);
 }
 
 // Waits until this wave's chunks of the tile about to be read have landed, leaving `ahead` later tiles in
@@ -151,6 +170,23 @@ __device__ inline void wait_tile(int ahead, int wave) {
     if (takes_big) { MLA_WAIT_VMCNT(big); } else { MLA_WAIT_VMCNT(small); }
   } else {
     if (takes_big) { MLA_WAIT_VMCNT(2 * big); } else { MLA_WAIT_VMCNT(2 * small); }
+  }
+}
+
+// The K reads of Q.K AHEAD steps (2 AHEAD MFMAs) ahead of their MFMAs: LLVM's model gives LDS reads a few cycles,
+// so left alone it reads an operand, waits for it and runs its MFMA, ten times a tile, each wait a full LDS latency.
+// The scheduling groups order the tile loop's block: the reads of the first 2 AHEAD MFMAs, then each MFMA followed
+// by the reads of the one 2 AHEAD places on (2 a K operand: two 16-byte halves, or the packed fp4 and its scale
+// byte; with Q in LDS one more, its two per step). tools/gfx950_mca.py counts the effect (docs/mi355x.md).
+template <bool Q_IN_LDS, int AHEAD>
+__device__ inline void pipeline_k_reads() {
+  constexpr int MFMA = 0x8, DS_READ = 0x100;   // LLVM's sched_group_barrier instruction classes
+  constexpr int READS = Q_IN_LDS ? 3 : 2;
+  __builtin_amdgcn_sched_group_barrier(DS_READ, 2 * AHEAD * READS, 0);
+#pragma unroll
+  for (int j = 0; j < 2 * QK_STEPS; ++j) {
+    __builtin_amdgcn_sched_group_barrier(MFMA, 1, 0);
+    __builtin_amdgcn_sched_group_barrier(DS_READ, READS, 0);
   }
 }
 
@@ -207,19 +243,23 @@ __device__ inline void stage1(const DecodeParams& p) {
 
   if (count > 0) {
     const int rows_end = rw.kv_begin + rw.kv_len;
+    const WaveChunks<Cache> chunks = wave_chunks<Cache>(wave, lane);
     // the first tiles are in flight while Q is loaded and quantised
     for (int k = 0; k < NB - 1 && k < count; ++k)
-      issue_tile<Cache>(p, lds + k * Cache::TILE_BYTES, rw.kv_begin + (tile_begin + k) * TILE_TOKENS,
-                        rows_end, wave, lane);
+      issue_tile<Cache>(p, chunks, lds + k * Cache::TILE_BYTES, rw.kv_begin + (tile_begin + k) * TILE_TOKENS,
+                        rows_end, wave);
     const QFragment q = load_q_fp8<Cache::Q_ORDER>(p, t, head_group * HEAD_GROUP + n, g);
     const float mult = q.inv_scale * Cache::value_scale(p) * p.sm_scale_log2;
-    if (Q_IN_LDS && wave == 0)  // read after the first tile's barrier
+    if (Q_IN_LDS) {  // wave 0 stores Q once for all four; no tile is in flight here (one buffer)
+      if (wave == 0)
 #pragma unroll
-      for (int step = 0; step < QK_STEPS; ++step) q_lds[step * WAVE_SIZE + lane] = q.step[step];
+        for (int step = 0; step < QK_STEPS; ++step) q_lds[step * WAVE_SIZE + lane] = q.step[step];
+      workgroup_sync();
+    }
     for (int i = 0; i < count; ++i) {
       if (i + NB - 1 < count)
-        issue_tile<Cache>(p, lds + ((i + NB - 1) % NB) * Cache::TILE_BYTES,
-                          rw.kv_begin + (tile_begin + i + NB - 1) * TILE_TOKENS, rows_end, wave, lane);
+        issue_tile<Cache>(p, chunks, lds + ((i + NB - 1) % NB) * Cache::TILE_BYTES,
+                          rw.kv_begin + (tile_begin + i + NB - 1) * TILE_TOKENS, rows_end, wave);
       wait_tile<Cache>(min_int(NB - 1, count - 1 - i), wave);
       barrier();
       const uint8_t* tile = lds + (i % NB) * Cache::TILE_BYTES;
@@ -233,6 +273,7 @@ __device__ inline void stage1(const DecodeParams& p) {
 #pragma unroll
         for (int blk = 0; blk < 2; ++blk) s[blk] = Cache::qk_step(tile, 16 * blk + n, step, g, q_step, s[blk]);
       }
+      pipeline_k_reads<Q_IN_LDS, k_steps_ahead(OCC, Cache::Q_ORDER == QOrder::SameAsK)>();
 
       // online softmax in log2 units; the tile has >= 1 valid token, so the new max is finite
       float x[2][4], tile_max = -__builtin_inff();

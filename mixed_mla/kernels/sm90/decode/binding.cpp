@@ -21,12 +21,14 @@ using mla_binding::bytes_of;
 // lse: float32 (total_q, H) contiguous, the natural-log LSE of every row and head; empty: not written.
 // split_counters: int32 (>= total_q * head groups,) on the device, all 0 (the kernel leaves them 0): with
 // num_splits > 1 the split kernel merges its own splits (one launch, fused_merge.cuh); empty: the merge kernel.
+// split_tokens: 0, each row cut into num_splits equal shares; > 0, into shares of that many rows (params.h), the
+// batch-invariant plans' cut.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
              int64_t kv_format, int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
              const torch::Tensor& block_table, const torch::Tensor& seq_lens, const torch::Tensor& lse,
-             const torch::Tensor& split_counters) {
+             const torch::Tensor& split_counters, int64_t split_tokens) {
   const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
@@ -60,6 +62,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
                 partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "split workspace too small");
   }
 
+  TORCH_CHECK(split_tokens >= 0 && split_tokens <= (1 << 24), "split_tokens must be in 0..2^24");
   const bool fused = num_splits > 1 && split_counters.numel() > 0;
   if (lse.numel() > 0) {
     TORCH_CHECK(lse.scalar_type() == at::kFloat && lse.dim() == 2 && lse.size(0) == q.size(0) &&
@@ -81,6 +84,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.kv_row_stride = kv.stride(0) * kv.element_size();
   p.num_kv_rows = static_cast<int>(kv.size(0));
   p.max_q_len = static_cast<int>(max_q_len);
+  p.split_tokens = static_cast<int>(split_tokens);
   p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
   p.split_counters = fused ? reinterpret_cast<unsigned int*>(split_counters.data_ptr<int32_t>()) : nullptr;
   if (paged) {

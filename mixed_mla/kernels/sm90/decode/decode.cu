@@ -91,7 +91,8 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
   if (p->total_q == 0 || p->batch == 0) return cudaSuccess;
   // Whole groups of 16 heads, or one partly filled group (the tensor-parallel counts 4 and 8).
   const bool heads_ok = p->num_heads > 0 && (p->num_heads < kHeadGroup || p->num_heads % kHeadGroup == 0);
-  if (!heads_ok || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 ||
+  if (!heads_ok || p->num_splits < 1 || p->num_splits > kMaxSplits || p->max_q_len < 1 || p->split_tokens < 0 ||
+      p->split_tokens > (1 << 30) / kMaxSplits ||
       p->batch > 65535 || (int64_t)p->max_q_len * head_groups(p->num_heads) > 65535 ||
       p->kv_row_stride % 16 != 0 || p->kv_row_stride <= 0 || p->kv_row_stride > kMaxKvRowStrideBytes)
     return cudaErrorInvalidValue;

@@ -60,35 +60,87 @@ __device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const
 }
 
 // The cache rows [lo, hi) of a segment that query r of q_len attends, in split `split`: its first
-// kv_len - q_len + r + 1 rows, cut into equal tile-aligned shares.
+// kv_len - q_len + r + 1 rows, cut into equal tile-aligned shares, or with split_tokens > 0 (params.h) into shares of
+// that many rows (planner.batch_invariant_share: whole multiples of it once a row needs more than kMaxSplits). The
+// last split of the launch takes the rest: nothing with equal shares, and with fixed ones a row longer than the plan
+// bounded still gets every row read (then in a different order than alone).
 struct SplitRows { int lo, hi; };
 template <int kTileTokens>
-__device__ __forceinline__ SplitRows split_rows(int kv_len, int q_len, int r, int num_splits, int split) {
+__device__ __forceinline__ SplitRows split_rows(int kv_len, int q_len, int r, int num_splits, int split_tokens,
+                                                int split) {
   const int attend = clamp_int(kv_len - q_len + r + 1, 0, kv_len);
-  const int per_split = (attend + num_splits - 1) / num_splits;
-  const int share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+  int share;
+  if (split_tokens > 0) {
+    const int unit = split_tokens * kMaxSplits;
+    share = split_tokens * max(1, (attend + unit - 1) / unit);
+  } else {
+    const int per_split = (attend + num_splits - 1) / num_splits;
+    share = (per_split + kTileTokens - 1) / kTileTokens * kTileTokens;
+  }
   const int lo = min(split * share, attend);
-  return {lo, min(lo + share, attend)};
+  return {lo, split == num_splits - 1 ? attend : min(lo + share, attend)};
 }
 
 // What a CTA reads first, guessed before the indptr round trip as if every segment had total_q / batch queries and
 // num_kv_rows / batch cache rows (a uniform decode batch): its query row and first cache rows. The guess only
-// starts loads early; the indptr contents decide what is used (decode_row).
+// starts loads early (Q's words and the row's prologue tiles, docs/sm90.md v49, v53); the indptr contents decide
+// what is used (decode_row). It comes from the tensors' sizes alone, so its rows lie inside them whatever the indptr
+// holds: a wrong guess wastes a copy, never reads out of bounds.
 struct RowGuess {
   int q_row = -1;       // -1: no guess (the layout cannot be uniform, or this CTA has no query row in it)
   int first_row = 0;
-  int count = 0;
+  int count = 0;        // > 0: the prologue of rows [first_row, first_row + count) is in flight
+
+  // Whether the guessed prologue is the one of rows [first, first + rows): the same first row and the same rows in
+  // every prologue tile (cp.async tiles zero the rows past a tile's end as they copy them).
+  template <class Tile>
+  __device__ __forceinline__ bool same_prologue(int first, int rows) const {
+    constexpr int kPrologueRows = Tile::kStages * Tile::kTileTokens;
+    return count > 0 && first_row == first && min(count, kPrologueRows) == min(rows, kPrologueRows);
+  }
 };
 template <int kTileTokens>
 __device__ __forceinline__ RowGuess guess_uniform_row(const DecodeParams& p, int seg, int r, int split) {
   RowGuess guess;
   const int q_len = p.total_q / p.batch, kv_len = p.num_kv_rows / p.batch;
   if (q_len * p.batch != p.total_q || kv_len * p.batch != p.num_kv_rows || r >= q_len) return guess;
-  const SplitRows rows = split_rows<kTileTokens>(kv_len, q_len, r, p.num_splits, split);
+  const SplitRows rows = split_rows<kTileTokens>(kv_len, q_len, r, p.num_splits, p.split_tokens, split);
   guess.q_row = seg * q_len + r;
   guess.first_row = seg * kv_len + rows.lo;
   guess.count = rows.hi - rows.lo;
   return guess;
+}
+
+// The tiles a row starts with, min(tiles, kStages): every stage is filled, so a row of kStages tiles or fewer has
+// them all in flight from the start (docs/sm90.md v54). Tile j goes to stage j, in the order the row needs them: tile
+// 0, then `after_first` (Q's loads: Q behind every prologue tile waits for the whole burst at 256 CTAs, v27), then
+// the rest. One commit group per stage, empty past the row's tiles (await_copied_tile counts on it).
+template <class Tile, class Pipe, class AfterFirst>
+__device__ __forceinline__ void issue_prologue(Pipe& pipe, uint8_t* stages, const DecodeParams& p, int first_row,
+                                               int count, AfterFirst after_first) {
+#pragma unroll
+  for (int j = 0; j < Tile::kStages; ++j) {
+    if (j * Tile::kTileTokens < count)
+      pipe.issue(stages + j * Tile::kStageBytes, j, p, first_row + j * Tile::kTileTokens,
+                 count - j * Tile::kTileTokens);
+    pipe.close();
+    if (j == 0) after_first();
+  }
+}
+
+// A guessed prologue that no row uses: its copies are waited for, then a CTA barrier, before the stages take other
+// tiles or the CTA ends. With TMA tiles thread 0 re-arms a stage's mbarrier right after, and a parity wait cannot tell
+// the stray copy's phase from the one after next, so a warp still polling for the first would spin forever once both
+// had completed (seen as a hang under compute-sanitizer, which slows warps unevenly); with cp.async a thread's stray
+// chunk could otherwise land after another thread's chunk of the next tile. Paged plans make no guess.
+template <class Tile, bool kPaged, class Pipe>
+__device__ __forceinline__ void drain_guess(Pipe& pipe, uint8_t* stages, const RowGuess& guess) {
+  if constexpr (!kPaged) {
+    if (guess.count > 0) {
+      pipe.drain(stages, min((guess.count + Tile::kTileTokens - 1) / Tile::kTileTokens, Tile::kStages));
+      __syncthreads();
+    }
+  }
 }
 
 // Where a row's tile loop keeps its exchanges (partial scores, then maxima and P) in the CTA's shared memory: past the
@@ -99,13 +151,12 @@ __host__ __device__ constexpr int exchange_offset() {
 }
 
 // One query row x 16 heads over cache rows [first_row, first_row + count). `guess`: what the kernel started to load
-// before it knew the row (Q words already in q_words for guess.q_row; with TMA tiles, the guess's tile 0 on its way
-// into the last stage if guess.count > 0); a CTA's later rows pass no guess.
-// Paged (kPaged): first_row is a position in the sequence, which `map` turns into cache rows tile by tile.
-template <int kFormat, int kVariant, bool kPaged>
-__device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, const void* kv_map, uint64_t* bars,
-                                           uint32_t& phases, const PageMap& map, int row, int head0, int first_row,
-                                           int count, int split, float kv_scale, RowGuess guess,
+// before it knew the row (Q words already in q_words for guess.q_row; the guess's prologue in flight if guess.count
+// > 0); a CTA's later rows pass no guess. Paged (kPaged): first_row is a position in the sequence, which the pipe's
+// page map turns into cache rows tile by tile.
+template <int kFormat, int kVariant, bool kPaged, class Pipe>
+__device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem, Pipe& pipe, int row, int head0,
+                                           int first_row, int count, int split, float kv_scale, RowGuess guess,
                                            uint32_t (&q_words)[2][kKSteps][2]) {
   using Tile = KvTile<kFormat, kVariant>;
   constexpr int kTileTokens = Tile::kTileTokens, kNTilesQK = Tile::kNTilesQK, kKStepsPV = Tile::kKStepsPV;
@@ -120,46 +171,23 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   // ldmatrix rows of P's A fragments: lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at token + 8.
   const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
-  // The prologue's requests in the order the row needs them: tile 0, Q, then the other tiles; Q is prepared once
-  // all are in flight. (Q behind every prologue tile waits for the whole burst at 256 CTAs: docs/sm90.md v27.)
-  // Tile j lives in stage (j + rot) % kStages: rot = kStages - 1 when the guessed tile 0 (in the last stage) is the
-  // right one. A wrong guess's copy still lands in the last stage: the prologue waits for it before that stage's
-  // first use (the loop never meets it).
+  // Tile j lives in stage j % kStages. The prologue (tiles 0 .. kStages - 1) is the guess's when that is this row's,
+  // else a wrong guess's copies are drained first (every thread decides alike: the guess and the row are the CTA's).
+  // Q is prepared once the prologue is in flight.
   static_assert((Tile::kStages & (Tile::kStages - 1)) == 0, "stage indices wrap by masking");
-  static_assert(!Tile::kGuessFirstTile || Tile::kTma, "a stray guessed copy is waited for on its stage's mbarrier");
   constexpr int kLastStage = Tile::kStages - 1;
   const int tiles = (count + kTileTokens - 1) / kTileTokens;
-  const bool guessed_tile = guess.q_row >= 0 && guess.count > 0;
-  const bool tile0_ready = guessed_tile && guess.first_row == first_row && tiles > 0;
-  const bool stray_copy = guessed_tile && !tile0_ready;
-  const int rot = tile0_ready ? kLastStage : 0;
-  typename PipeFor<Tile, kPaged>::type pipe(p, map, kv_map, bars, phases);
-  auto issue = [&](int j) {
-    const int s = (j + rot) & kLastStage;
-    pipe.issue(stages + s * Tile::kStageBytes, s, p, first_row + j * kTileTokens, count - j * kTileTokens);
-  };
-  // The barrier after the wait: thread 0 re-arms the last stage's mbarrier right after (issue), and a parity wait
-  // cannot tell the stray copy's phase from the one after next, so a warp still polling for the first would spin
-  // forever once both had completed (seen as a hang under compute-sanitizer, which slows warps unevenly).
-  // stray_copy is the same in every thread of the CTA.
-  auto await_stray_copy = [&]() {
-    if (stray_copy) {
-      pipe.await(stages + kLastStage * Tile::kStageBytes, kLastStage, kTileTokens);
-      __syncthreads();
-    }
-  };
   const typename Tile::Rows::Lane lane_addr(warp, g, t);
-  if (tiles > 0 && !tile0_ready) issue(0);
-  pipe.close();
   typename QkFor<kFormat, kVariant>::type qk;
-  if (guess.q_row != row) qk.fetch(p, row, head0, warp, g, t, q_words);
-#pragma unroll
-  for (int s = 1; s < Tile::kPrologueTiles; ++s) {
-    if (s == kLastStage) await_stray_copy();
-    if (s < tiles) issue(s);
-    pipe.close();
+  auto fetch_q = [&]() {
+    if (guess.q_row != row) qk.fetch(p, row, head0, warp, g, t, q_words);
+  };
+  if (guess.same_prologue<Tile>(first_row, count)) {
+    fetch_q();
+  } else {
+    drain_guess<Tile, kPaged>(pipe, stages, guess);
+    issue_prologue<Tile>(pipe, stages, p, first_row, count, fetch_q);
   }
-  if (Tile::kPrologueTiles <= kLastStage) await_stray_copy();
   qk.prepare(p, warp, g, t, kv_scale, qmax_smem, q_words);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -168,13 +196,15 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   for (int v = 0; v < kVTilesPerWarp; ++v) o[v][0] = o[v][1] = o[v][2] = o[v][3] = 0.f;
 
   for (int i = 0; i < tiles; ++i) {
-    const int read_stage = (i + rot) & kLastStage;
-    pipe.await(stages + read_stage * Tile::kStageBytes, read_stage, count - i * kTileTokens);
+    const int read_stage = i & kLastStage;
+    pipe.await(stages + read_stage * Tile::kStageBytes, read_stage, count - i * kTileTokens, i);
     __syncthreads();  // tile i visible to all; every warp is done with tile i - 1 and with `red`
-    {
-      // The stage of tile i - 1 takes tile i - 1 + kStages, unless the prologue issued it.
-      const int next = i + Tile::kStages - 1;
-      if (next >= Tile::kPrologueTiles && next < tiles) issue(next);
+    if (i > 0) {
+      // The stage of tile i - 1 takes tile i - 1 + kStages (the prologue issued tiles 0 .. kStages - 1).
+      const int next = i - 1 + Tile::kStages;
+      if (next < tiles)
+        pipe.issue(stages + (next & kLastStage) * Tile::kStageBytes, next & kLastStage, p,
+                   first_row + next * kTileTokens, count - next * kTileTokens);
       pipe.close();
     }
     const uint8_t* tile = Tile::prepare(stages + read_stage * Tile::kStageBytes, expanded);
@@ -366,29 +396,31 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int seg = blockIdx.z;
   const int head0 = (blockIdx.y % groups) * kHeadGroup;
   const int first_r = blockIdx.y / groups;
-  // Every other read depends on the indptr, a cold round trip, so where it pays (Tile::kGuessFirstTile: 64-token fp8
-  // tiles) the guessed row's first tile and Q are requested before it (docs/sm90.md v49).
-  const RowGuess guess = Tile::kGuessFirstTile && !kPaged
-                             ? guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x) : RowGuess();
-  if constexpr (Tile::kTma) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
-      mbarrier_init_fence();
-      if (guess.q_row >= 0 && guess.count > 0)
-        Tile::issue(smem + (Tile::kStages - 1) * Tile::kStageBytes, bars + Tile::kStages - 1, &kv_map,
-                    guess.first_row);
-    }
-  }
   // The indptr loads go first: waiting for them must not wait for Q's (a warp's loads complete in order).
   const int qo_lo = p.qo_indptr[seg], qo_hi = p.qo_indptr[seg + 1];
   // Paged: the sequence's positions 0 .. seq_len - 1, within what its block-table row addresses.
   const int kv_lo = kPaged ? 0 : p.kv_indptr[seg], kv_hi = kPaged ? p.seq_lens[seg] : p.kv_indptr[seg + 1];
   const int kv_rows = kPaged ? p.max_pages * p.page_size : p.num_kv_rows;
   const PageMap map(kPaged ? p.block_table + seg * p.block_table_stride : nullptr, p.page_size, p.num_pages);
+  typename PipeFor<Tile, kPaged>::type pipe(p, map, &kv_map, bars, phases);
+  if constexpr (Tile::kTma) {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < Tile::kStages; ++s) mbarrier_init(bars + s, 1);
+      mbarrier_init_fence();
+    }
+  }
+  // Every other read depends on the indptr, a cold round trip, so the guessed row's prologue tiles and Q are
+  // requested before it arrives (docs/sm90.md v49, v53). (Only thread 0 issues TMA tiles: it initialised the
+  // mbarriers above.)
+  const RowGuess guess = kPaged ? RowGuess() : guess_uniform_row<Tile::kTileTokens>(p, seg, first_r, blockIdx.x);
   uint32_t q_words[2][kKSteps][2];
-  if (guess.q_row >= 0)
-    typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5, (threadIdx.x & 31) >> 2,
-                                                    threadIdx.x & 3, q_words);
+  auto fetch_guessed_q = [&]() {
+    if (guess.q_row >= 0)
+      typename QkFor<kFormat, kVariant>::type().fetch(p, guess.q_row, head0, threadIdx.x >> 5,
+                                                      (threadIdx.x & 31) >> 2, threadIdx.x & 3, q_words);
+  };
+  if (guess.count > 0) issue_prologue<Tile>(pipe, smem, p, guess.first_row, guess.count, fetch_guessed_q);
+  else fetch_guessed_q();
   const float kv_scale = kFormat == kFormatFp8 ? __ldg(p.kv_scale) : 1.f;
   if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0)
     record_indptr_violation(p, seg, qo_lo, qo_hi, kv_lo, kv_hi, kv_rows);
@@ -398,10 +430,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   if constexpr (Tile::kTma) __syncthreads();  // the mbarriers initialised
   const RowGuess no_guess;
   for (int r = first_r; r < q_len; r += p.max_q_len) {
-    const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, blockIdx.x);
-    decode_row<kFormat, kVariant, kPaged>(p, smem, &kv_map, bars, phases, map, q_begin + r, head0,
-                                          kv_begin + rows.lo, rows.hi - rows.lo, blockIdx.x, kv_scale,
-                                          r == first_r ? guess : no_guess, q_words);
+    const SplitRows rows = split_rows<Tile::kTileTokens>(kv_len, q_len, r, p.num_splits, p.split_tokens, blockIdx.x);
+    decode_row<kFormat, kVariant, kPaged>(p, smem, pipe, q_begin + r, head0, kv_begin + rows.lo, rows.hi - rows.lo,
+                                          blockIdx.x, kv_scale, r == first_r ? guess : no_guess, q_words);
     // Only the first row can use the guessed Q words: cleared, they need no registers through its tile loop.
     for (auto& half : q_words)
       for (auto& step : half) step[0] = step[1] = 0u;
@@ -414,11 +445,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();  // shared memory is reused by the next row
   }
-  // A guessed tile no row used (this CTA has no query row): its copy must land before the CTA ends.
-  if constexpr (Tile::kTma) {
-    if (first_r >= q_len && guess.q_row >= 0 && guess.count > 0)
-      mbarrier_wait_parity(bars + Tile::kStages - 1, 0);
-  }
+  // A guessed prologue no row used (this CTA has no query row): its copies must land before the CTA ends.
+  if (first_r >= q_len) drain_guess<Tile, kPaged>(pipe, smem, guess);
 }
 
 }  // namespace mla_sm90

@@ -187,10 +187,8 @@ struct RowCopier {
   }
 };
 
-// kVariant (config.h Fp8Variant) selects the fp8 tile size; the other formats have one.
-// kPrologueTiles: the tiles issued before the loop. With 3-4 stages one stays empty until the loop's first barrier
-// (cp.async's wait counts rely on it); the two 64-token stages are both filled at once, so that a second tile is in
-// flight from the start (docs/sm90.md v41: within noise of filling one).
+// kVariant (config.h Fp8Variant) selects the fp8 tile size; the other formats have one. A row's prologue fills every
+// stage (decode_split.cuh issue_prologue), so a row of kStages tiles or fewer has all of them in flight from the start.
 template <int kFormat, int kVariant = kFp8Tile32>
 struct KvTile;
 
@@ -201,15 +199,13 @@ struct LinearRows {
 };
 
 // What the tiles that threads copy (cp.async) and the bf16 fragment loaders read have in common: 32-token tiles of
-// bf16 rows in shared memory, bf16 products, no TMA and so no early guess (v49, decode_split.cuh, needs TMA tiles).
+// bf16 rows in shared memory, bf16 products, no TMA.
 template <int kStageCount>
 struct CopiedBf16Tile : TileGeometry<32> {
   using Rows = Bf16Rows;
   static constexpr bool kF16PV = false;
   static constexpr bool kTma = false;
-  static constexpr bool kGuessFirstTile = false;
   static constexpr int kStages = kStageCount;
-  static constexpr int kPrologueTiles = kStages - 1;
 };
 
 template <int kVariant>
@@ -237,11 +233,7 @@ struct KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 ? 64 :
   using Rows = Fp8SwizzledRows<Geometry::kTileTokens>;
   static constexpr bool kF16PV = true;
   static constexpr bool kTma = kVariant != kFp8Gather;   // kFp8Gather: cp.async row by row (PagedCopyPipe only)
-  // The first tile and Q requested on a guessed layout before the indptr (decode_split.cuh, docs/sm90.md v49):
-  // measured faster with 64-token tiles only (-1.3..2 us on 32x8192, 64x8192, 256x1024), +0.7 us at 64x1024 with 32.
-  static constexpr bool kGuessFirstTile = kVariant == kFp8Tile64;
   static constexpr int kStages = kVariant == kFp8Tile64 ? kStagesFp8Tile64 : kStagesFp8;
-  static constexpr int kPrologueTiles = kVariant == kFp8Tile64 ? kStages : kStages - 1;
   static constexpr int kStageBytes = kFp8Boxes * Geometry::kFp8BoxTileBytes;
   static constexpr int kExpandedBytes = 0;
   static constexpr int kRowBytes = kFp8RowBytes;
@@ -416,9 +408,20 @@ struct KvTile<kFormatMxfp4, kVariant> : CopiedBf16Tile<kStagesMxfp4> {
   }
 };
 
+// cp.async tiles are waited for by commit group: a row's prologue commits one group per stage (empty past its tiles)
+// and its loop one per tile from tile 1 on (tile 0's stage is the first to free up, after tile 1's barrier), so tile
+// j is the row's group j. Waiting for tile i then leaves the kStages - 1 youngest groups in flight at tile 0 and the
+// kStages - 2 youngest after it.
+template <typename Tile>
+__device__ __forceinline__ void await_copied_tile(int tile) {
+  if (tile == 0) cp_async_wait<Tile::kStages - 1>();
+  else cp_async_wait<Tile::kStages - 2>();
+}
+
 // How tiles reach the stages: cp.async by every thread, waited for in commit groups (bf16, MXFP4), or TMA boxes
 // issued by thread 0 and waited for on the stage's mbarrier (fp8). `phases` (the mbarriers' parities) lives as long
-// as the mbarriers, i.e. the kernel.
+// as the mbarriers, i.e. the kernel. drain: waits for the copies into the first `issued` stages and uses none (a
+// wrong guess's prologue, decode_split.cuh).
 template <typename Tile, bool kTma = Tile::kTma>
 struct TilePipe {
   typename Tile::Copier copier;
@@ -428,7 +431,8 @@ struct TilePipe {
     Tile::issue(stage, copier, p, first_row, valid);
   }
   __device__ __forceinline__ void close() { cp_async_commit(); }
-  __device__ __forceinline__ void await(uint8_t*, int, int) { cp_async_wait<Tile::kStages - 2>(); }
+  __device__ __forceinline__ void await(uint8_t*, int, int, int tile) { await_copied_tile<Tile>(tile); }
+  __device__ __forceinline__ void drain(uint8_t*, int) { cp_async_wait<0>(); }
 };
 
 template <typename Tile>
@@ -442,8 +446,12 @@ struct TilePipe<Tile, true> {
     if (threadIdx.x == 0) Tile::issue(stage, bars + s, map, first_row);
   }
   __device__ __forceinline__ void close() {}
-  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
+  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid, int) {
     await_fp8_tile<Tile>(stage, bars + s, phases, s, valid);
+  }
+  __device__ __forceinline__ void drain(uint8_t* stages, int issued) {
+    for (int s = 0; s < issued; ++s)
+      await_fp8_tile<Tile>(stages + s * Tile::kStageBytes, bars + s, phases, s, Tile::kTileTokens);
   }
 };
 
@@ -540,7 +548,7 @@ struct PagedCopyPipe {
     }
   }
   __device__ __forceinline__ void close() { cp_async_commit(); }
-  __device__ __forceinline__ void await(uint8_t*, int, int) { cp_async_wait<Tile::kStages - 2>(); }
+  __device__ __forceinline__ void await(uint8_t*, int, int, int tile) { await_copied_tile<Tile>(tile); }
 };
 
 // TMA tiles of a paged fp8 cache whose pages hold whole tiles (page_size a multiple of the tile): a tile is one run
@@ -564,7 +572,7 @@ struct PagedTmaPipe {
     if (next_first >= 0) next_page = map.page_of(next_first);
   }
   __device__ __forceinline__ void close() {}
-  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid) {
+  __device__ __forceinline__ void await(uint8_t* stage, int s, int valid, int) {
     await_fp8_tile<Tile>(stage, bars + s, phases, s, valid);
   }
 };

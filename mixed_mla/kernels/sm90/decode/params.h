@@ -24,6 +24,10 @@ struct DecodeParams {
   int64_t out_row_stride, out_head_stride;   // elements
   int64_t kv_row_stride;                     // bytes, multiple of 16
   int total_q, num_heads, batch, num_kv_rows, num_splits, max_q_len;
+  // 0: a row's KV is cut into num_splits equal tile-aligned shares. > 0 (batch-invariant plans): into shares of
+  // split_tokens rows (a multiple of every tile; whole multiples of it past kMaxSplits shares), so where a row's
+  // splits begin depends on its own length alone; the launch's last split takes whatever is left.
+  int split_tokens;
   float sm_scale_log2;            // sm_scale * log2(e): scores go straight into exp2
   // Paged caches (block_table != null): kv holds num_pages pages of page_size rows (num_kv_rows = their product);
   // sequence b reads position i at row i % page_size of page block_table[b * block_table_stride + i / page_size],

@@ -1,0 +1,148 @@
+"""Sparse top-k decode at kernel level: decode_sparse's plans beside FlashMLA's sparse decode, DeepSeek-V3.2's shapes.
+
+    python -m benchmarks.sparse_decode [--batch 1,8,32,128] [--heads 128,16] [--q-len 1,2] [--topk 2048]
+                                       [--formats fp8_ds_mla,fp8,bf16] [--out DIR]          # on the GPU
+
+Per (heads, batch, q_len) and format, over a paged cache (page size 64) of SEQUENCE_TOKENS tokens per sequence,
+each query row picking `topk` distinct random tokens of its own sequence (FlashMLA's V3.2 case: s_k 32768, topk
+2048): ours, the plan made once and run per call (the gather route on cuda_sm90 for bf16/fp8/mxfp4, torch for
+fp8_ds_mla: docs/sparse.md), and FlashMLA's flash_mla_with_kvcache(indices=...) on the same fp8_ds_mla bytes
+where a flash_mla with its sparse decode is importable (64 and 128 heads), both timed by timing.KernelTimer.
+The floor is the bytes a row must gather (topk rows of the format per query row, Q, the output, the indices) over
+the measured copy bandwidth; "% floor" is floor / time. Writes sparse.txt and raw.json to
+benchmarks/results/sparse/ (--out: another folder). On a CPU it runs the torch path (a smoke test).
+"""
+import argparse
+import json
+
+import torch
+
+import mixed_mla
+from mixed_mla.constants import DS_MLA_FORMAT, DS_MLA_ROW_BYTES, QK_HEAD_DIM, V_HEAD_DIM
+from mixed_mla.formats import FP8_DTYPE, as_uint8, quantize_ds_mla, quantize_fp8, quantize_mxfp4
+
+from .floors import BF16_BYTES, INDPTR_BYTES, KV_ROW_BYTES, floor_us, measure_copy_bandwidth
+from .provenance import environment, publish
+from .shapes import parse_ints
+from .timing import KernelTimer
+
+KIND = "sparse"
+SEQUENCE_TOKENS = 32768      # FlashMLA's V3.2 sparse-decode case (tests/test_flash_mla_sparse_decoding.py)
+PAGE_SIZE = 64
+SM_SCALE = QK_HEAD_DIM ** -0.5
+ROW_BYTES = dict(KV_ROW_BYTES, **{DS_MLA_FORMAT: DS_MLA_ROW_BYTES})
+FLASHMLA_HEADS = (64, 128)   # the heads FlashMLA's sm90 sparse decode is instantiated for
+
+
+def make_inputs(batch, q_len, num_heads, topk, kv_format, device, seed):
+    """(q, paged cache, indices): batch sequences of SEQUENCE_TOKENS tokens in pages of PAGE_SIZE (sequence b's
+    pages b x pages_per_sequence ...), each query row's topk distinct slots of its own sequence."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    total_q = batch * q_len
+    q = torch.randn(total_q, num_heads, QK_HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
+    rows = torch.randn(batch * SEQUENCE_TOKENS, 1, QK_HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
+    pages = lambda t: t.reshape(-1, PAGE_SIZE, t.shape[-1])  # noqa: E731
+    if kv_format == "bf16":
+        cache = pages(rows)
+    elif kv_format == "fp8":
+        data, scale = quantize_fp8(rows)
+        cache = (pages(data), scale)
+    elif kv_format == "mxfp4":
+        packed, scales = quantize_mxfp4(rows)
+        cache = (pages(packed), pages(scales[:rows.shape[0]]))
+    else:
+        cache = pages(quantize_ds_mla(rows))
+    tokens = torch.rand(total_q, SEQUENCE_TOKENS, generator=gen, device=device).argsort(dim=1)[:, :topk]
+    sequence = torch.arange(total_q, device=device) // q_len
+    indices = (tokens + sequence[:, None] * SEQUENCE_TOKENS).to(torch.int32)
+    return q, cache, indices
+
+
+def floor_bytes(total_q, num_heads, topk, kv_format) -> int:
+    gathered = total_q * topk * ROW_BYTES[kv_format]
+    return (gathered + total_q * num_heads * (QK_HEAD_DIM + V_HEAD_DIM) * BF16_BYTES
+            + total_q * topk * INDPTR_BYTES)
+
+
+def flashmla_sparse():
+    """FlashMLA's module when its sparse decode is importable, else the reason it is not."""
+    try:
+        import flash_mla
+    except Exception as error:   # any import failure is a reason to report
+        return None, f"not importable ({type(error).__name__}: {error})"
+    if not hasattr(flash_mla.cuda, "sparse_decode_fwd"):
+        return None, "the importable flash_mla has no sparse decode (the staged peer binds the dense one only)"
+    return flash_mla, None
+
+
+def flashmla_run(flash_mla, q, cache, indices, batch, q_len):
+    """run(i) for FlashMLA on its layouts: q (b, s_q, H, 576), the cache's bytes as (pages, 64, 1, 656) e4m3."""
+    queries = q.view(batch, q_len, *q.shape[1:])
+    blocked = as_uint8(cache).view(cache.shape[0], PAGE_SIZE, 1, DS_MLA_ROW_BYTES).view(FP8_DTYPE)
+    flash_indices = indices.view(batch, q_len, -1)
+    schedule, _ = flash_mla.get_mla_metadata()
+    return lambda _: flash_mla.flash_mla_with_kvcache(queries, blocked, None, None, V_HEAD_DIM, schedule,
+                                                      softmax_scale=SM_SCALE, is_fp8_kvcache=True,
+                                                      indices=flash_indices)
+
+
+def measure(batch, q_len, num_heads, topk, kv_format, timer, bytes_per_s, flash_mla, flash_reason):
+    q, cache, indices = make_inputs(batch, q_len, num_heads, topk, kv_format, timer.device,
+                                    seed=batch * 131 + q_len * 7 + num_heads)
+    total_q = batch * q_len
+    planned = mixed_mla.plan_sparse(total_q=total_q, num_heads=num_heads, topk=topk, kv_format=kv_format,
+                                    device=timer.device)
+    out = torch.empty(total_q, num_heads, V_HEAD_DIM, dtype=torch.bfloat16, device=timer.device)
+    ours_us = timer.measure(lambda _: planned.run(q, cache, indices, sm_scale=SM_SCALE, out=out)).median_us
+    floor = floor_us(floor_bytes(total_q, num_heads, topk, kv_format), bytes_per_s)
+    record = dict(batch=batch, q_len=q_len, num_heads=num_heads, topk=topk, kv_format=kv_format,
+                  route=planned.backend_name + (" gather" if planned.through_paged is not None else ""),
+                  ours_us=round(ours_us, 2), floor_us=round(floor, 2), ours_floor_pct=round(100 * floor / ours_us, 1))
+    if kv_format == DS_MLA_FORMAT and flash_mla is not None and num_heads in FLASHMLA_HEADS:
+        flash_us = timer.measure(flashmla_run(flash_mla, q, cache, indices, batch, q_len)).median_us
+        record.update(flashmla_us=round(flash_us, 2), flashmla_floor_pct=round(100 * floor / flash_us, 1))
+    elif kv_format == DS_MLA_FORMAT:
+        record["flashmla"] = flash_reason or f"FlashMLA's sm90 sparse decode serves {FLASHMLA_HEADS} heads"
+    return record
+
+
+def table_line(r) -> str:
+    flash = (f"{r['flashmla_us']} ({r['flashmla_floor_pct']}%)" if "flashmla_us" in r
+             else ("n/a" if r["kv_format"] == DS_MLA_FORMAT else ""))
+    return (f"| {r['num_heads']} | {r['batch']} | {r['q_len']} | {r['kv_format']} | {r['route']} | "
+            f"{r['ours_us']} ({r['ours_floor_pct']}%) | {flash} | {r['floor_us']} |")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", default="1,8,32,128")
+    parser.add_argument("--heads", default="128,16")
+    parser.add_argument("--q-len", default="1,2")
+    parser.add_argument("--topk", type=int, default=2048)
+    parser.add_argument("--formats", default=f"{DS_MLA_FORMAT},fp8,bf16")
+    parser.add_argument("--out", help=f"folder for the table and raw.json (default: benchmarks/results/{KIND}/)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    timer = KernelTimer(device)
+    bytes_per_s = measure_copy_bandwidth(device, timer)
+    flash_mla, flash_reason = flashmla_sparse()
+    records = []
+    for num_heads in parse_ints(args.heads):
+        for batch in parse_ints(args.batch):
+            for q_len in parse_ints(args.q_len):
+                for kv_format in filter(None, args.formats.split(",")):
+                    records.append(measure(batch, q_len, num_heads, args.topk, kv_format, timer, bytes_per_s,
+                                           flash_mla, flash_reason))
+                    print(json.dumps(records[-1]), flush=True)
+    env = environment(device, copy_bandwidth_tbps=round(bytes_per_s / 1e12, 3), flashmla=flash_reason or "imported")
+    lines = [f"device {env['gpu']}, copy bandwidth {env['copy_bandwidth_tbps']} TB/s, topk {args.topk}, "
+             f"{SEQUENCE_TOKENS} tokens per sequence, page {PAGE_SIZE}; FlashMLA: {env['flashmla']}",
+             "| heads | batch | q_len | format | ours: route | ours us (% floor) | FlashMLA us (% floor) | floor us |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [table_line(r) for r in records]
+    written = publish(lines, KIND, "sparse", args.out)
+    (written.parent / "raw.json").write_text(json.dumps(dict(environment=env, records=records), indent=1))
+
+
+if __name__ == "__main__":
+    main()
