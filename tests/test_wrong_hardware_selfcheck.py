@@ -25,10 +25,10 @@ BOTH, FP8, MXFP4 = ("fp8", "mxfp4"), ("fp8",), ("mxfp4",)
 
 # id -> (fact key, wrong value, formats whose output it changes, fused kernel)
 MUTATIONS = {
-    # lane = per_block * kb + per_row * i (facts.py): three wrong tables
-    "scale lanes 4 apart per row": ("mfma_scale_16x16x128.scale_lane", (1, 4), MXFP4, False),
-    "scale lanes 4 apart per block": ("mfma_scale_16x16x128.scale_lane", (4, 1), MXFP4, False),
-    "scale lanes of block 0 only": ("mfma_scale_16x16x128.scale_lane", (16, 0), MXFP4, False),
+    # three wrong lane maps, each lane = per_block * kb + per_row * i (facts.scale_lane_table; right: 16, 1)
+    "scale lanes 4 apart per row": ("mfma_scale_16x16x128.scale_lane", facts.scale_lane_table(1, 4), MXFP4, False),
+    "scale lanes 4 apart per block": ("mfma_scale_16x16x128.scale_lane", facts.scale_lane_table(4, 1), MXFP4, False),
+    "scale lanes of block 0 only": ("mfma_scale_16x16x128.scale_lane", facts.scale_lane_table(16, 0), MXFP4, False),
     "op_sel 0 picks byte 1": ("mfma_scale_16x16x128.opsel_0", 1, BOTH, False),
     "operand rows 8 lanes apart": ("mfma_scale_16x16x128.ab_row", 8, BOTH, False),
     "fp8 operand K contiguous": ("mfma_scale_16x16x128.fp8_k", ((0, 32, 32),), MXFP4, False),
