@@ -23,6 +23,7 @@ _EMBEDDED_TABLES = None
 
 # device_arch name -> table file; archs without a table use the heuristic only.
 TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
+TABLE_ARCHS = {filename: arch for arch, filename in TABLE_FILES.items()}
 
 # Evidence classes of a table entry ("evidence": {"class", "basis"}). The MI355X table has never been measured by
 # this project, so each of its defaults must name one (issue 31); "lax" (figures the leaderboard's rtol = atol = 0.1
@@ -30,10 +31,11 @@ TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
 EVIDENCE_CLASSES = {
     "a": "the leaderboard reference's own configuration (aiter a8w8, page size 1, its metadata call)",
     "b": "a configuration aiter's own tests exercise (cited file:line)",
-    "c": "verified by emulation against the gfx950 fact base",
+    "c": "this exact (variant, splits, geometry) verified by a committed emulation against the gfx950 fact base",
     "d": "measured correct on the device under the strict bound (tools/autotune.py)",
 }
 LAX_EVIDENCE = "lax"
+RULED_EVIDENCE = ("a", "b", "c")   # classes a rule over the configuration decides (evidence_class); d is measured
 TABLES_NEEDING_EVIDENCE = ("mi355x.json",)
 # Opt-in to a table's opt_in_entries (routes whose only evidence is lax-checked figures), as MLA_GFX950_MXFP4 is
 # for the MXFP4 gfx950 variants.
@@ -121,7 +123,7 @@ def heuristic_plan(arch: str, batch: int, q_len: int, kv_len: int, num_heads: in
         if kv_format is not None and kv_format not in spec(candidate).formats:
             continue
         plan = _backend_heuristic_plan(arch, batch, q_len, kv_len, num_heads, kv_format, candidate)
-        if has_evidence(arch, plan, num_heads, q_len):
+        if has_evidence(arch, plan, num_heads, q_len, batch, kv_len):
             return plan
     return _backend_heuristic_plan(arch, batch, q_len, kv_len, num_heads, kv_format, FALLBACK)
 
@@ -166,18 +168,29 @@ AITER_TEST_PLAN = dict(num_splits=32, variant="fast", page_size=1)
 AITER_TEST_SHAPES = ((16, 1), (16, 2), (16, 4), (48, 1))
 AITER_TEST_FORMATS = ("bf16", "fp8")
 AITER_TEST_SOURCE = "op_tests/test_mla_persistent.py"
+# Class (c): hip_gfx950 fp8 at page size 1, at exactly the (batch, q_len, kv_len, num_heads) -> (variant, splits)
+# that tests/test_mi355x_evidence.py runs lane by lane on CPU from the gfx950 fact base under the strict bound (it
+# checks that it runs every one of these). mxfp4 rests on facts no source settles and has its own opt-in.
+EMULATED_GFX950_PLANS = {
+    (4, 1, 1024, 16): ("occ2", 16),
+    (4, 1, 8192, 16): ("occ3", 32),
+    (32, 1, 1024, 16): ("occ3", 8),
+}
 
 
-def evidence_class(arch: str, plan: Plan, num_heads: int, q_len: int):
-    """The EVIDENCE_CLASSES class a plan's configuration has on `arch` for (num_heads, q_len), or None.
+def evidence_class(arch: str, plan: Plan, num_heads: int, q_len: int, batch=None, kv_len=None):
+    """The EVIDENCE_CLASSES class a plan's configuration has on `arch` for (num_heads, q_len) -- and, for (c),
+    (batch, kv_len) -- or None.
 
-    Only gfx950's rules are written: (c) hip_gfx950 reading fp8 (the emulated kernel source; mxfp4 rests on facts
-    no source settles, and has its own opt-in); (a) aiter exactly as the reference calls it; (b) aiter exactly as
-    its test runs it. (d) is a measurement, written into the table by tools/autotune.py, not a rule."""
+    Only gfx950's rules are written: (c) hip_gfx950 fp8 at an EMULATED_GFX950_PLANS geometry with its very variant
+    and splits; (a) aiter exactly as the reference calls it; (b) aiter exactly as its test runs it. (d) is a
+    measurement, written into the table by tools/autotune.py, not a rule."""
     if arch != "gfx950":
         return None
     if plan.backend == "hip_gfx950":
-        return "c" if plan.kv_format == "fp8" and plan.page_size == 1 else None
+        emulated = EMULATED_GFX950_PLANS.get((batch, q_len, kv_len, num_heads))
+        return "c" if (plan.kv_format == "fp8" and plan.page_size == 1
+                       and emulated == (plan.variant, plan.num_splits)) else None
     if plan.backend != AITER:
         return None
     fields = dict(kv_format=plan.kv_format, num_splits=plan.num_splits, variant=plan.variant,
@@ -190,7 +203,7 @@ def evidence_class(arch: str, plan: Plan, num_heads: int, q_len: int):
     return None
 
 
-def has_evidence(arch: str, plan: Plan, num_heads: int, q_len: int) -> bool:
+def has_evidence(arch: str, plan: Plan, num_heads: int, q_len: int, batch=None, kv_len=None) -> bool:
     """Whether `plan` may be a default on `arch`: no evidence needed there, the fallback (torch, the plain
     arithmetic), an evidence class, a format with an opt-in of its own (hip_gfx950 mxfp4: MLA_GFX950_MXFP4), or
     the unverified routes opted in (UNVERIFIED_ROUTES_OPT_IN)."""
@@ -198,7 +211,7 @@ def has_evidence(arch: str, plan: Plan, num_heads: int, q_len: int) -> bool:
         return True
     if plan.backend == "hip_gfx950" and plan.kv_format != "fp8":
         return True
-    return evidence_class(arch, plan, num_heads, q_len) is not None
+    return evidence_class(arch, plan, num_heads, q_len, batch, kv_len) is not None
 
 
 def evidenced_aiter_plan(plan: Plan, num_heads: int, q_len: int) -> Plan:
@@ -361,8 +374,9 @@ def _table_text(filename: str):
 def parse_table(text: str, source: str, require_evidence: bool = False, opted_in: bool = False) -> dict:
     """JSON table -> {(batch, q_len, kv_len, num_heads, requested format or "auto"): Plan}; bad data raises.
 
-    require_evidence: every default entry names an EVIDENCE_CLASSES class. opted_in: the table's opt_in_entries
-    (UNVERIFIED_ROUTES_OPT_IN) replace the defaults of their keys."""
+    require_evidence: every default entry names an EVIDENCE_CLASSES class, and a RULED_EVIDENCE class only where
+    evidence_class gives it to the entry's plan and shape on the arch of `source` (a TABLE_FILES name). opted_in:
+    the table's opt_in_entries (UNVERIFIED_ROUTES_OPT_IN) replace the defaults of their keys."""
     try:
         document = json.loads(text)
         entries = document["entries"]
@@ -381,6 +395,8 @@ def parse_table(text: str, source: str, require_evidence: bool = False, opted_in
             key = (entry["batch"], entry["q_len"], entry["kv_len"], entry["num_heads"], entry.get("kv_format", "auto"))
             if key[4] not in ("auto", plan.kv_format):
                 raise ValueError(f"entry {index} answers a request for {key[4]} with a {plan.kv_format} plan")
+            if require_evidence and source in TABLE_ARCHS:
+                _check_claim(TABLE_ARCHS[source], plan, key, entry["evidence"]["class"], index)
             table[key] = plan
         return table
     except (KeyError, TypeError, ValueError) as error:
@@ -393,6 +409,18 @@ def _check_evidence(evidence, index: int, required: bool, allowed: tuple) -> Non
     if not isinstance(evidence, dict) or evidence.get("class") not in allowed or not evidence.get("basis"):
         raise ValueError(f"entry {index}: evidence {evidence!r} must be {{'class': one of {', '.join(allowed)}, "
                          f"'basis': what it rests on}}")
+
+
+def _check_claim(arch: str, plan: Plan, key: tuple, claimed: str, index: int) -> None:
+    """A claimed rule class must be the one the entry's plan has at its shape (a (c) claim outside
+    EMULATED_GFX950_PLANS, or with another variant or split count, is refused)."""
+    batch, q_len, kv_len, num_heads, _ = key
+    held = evidence_class(arch, plan, num_heads, q_len, batch, kv_len)
+    if claimed in RULED_EVIDENCE and held != claimed:
+        raise ValueError(f"entry {index} ({batch} x {q_len} x {kv_len}, {num_heads} heads: {plan.backend} "
+                         f"{plan.variant or 'default'} {plan.kv_format}, {plan.num_splits} splits) claims evidence "
+                         f"class {claimed!r}, which this configuration does not have on {arch} (its rule gives "
+                         f"{held!r})")
 
 
 def evidence_required(arch: str) -> bool:

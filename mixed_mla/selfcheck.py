@@ -49,7 +49,7 @@ from typing import NamedTuple
 import torch
 
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
-from .exact import exact_attention, lse_bound, lse_error, scale_class, strict_bound, strict_verdict
+from .exact import lse_bound, lse_error, path_attention, scale_class, strict_bound, strict_verdict
 from .formats import as_uint8, quantize_fp8, quantize_mxfp4
 
 ENV_SWITCH = "MLA_SELFCHECK"
@@ -258,7 +258,8 @@ def _check(run, plan, device, layout, sm_scale, return_lse=False, page_size=None
             lse_bound(plan.backend, sm_scale)
     except ValueError as error:   # no bound at this scale: nothing can vouch for the path
         return str(error)
-    ref, ref_lse = exact_attention(q, cache, plan.kv_format, qo, kvp, sm_scale, return_lse=True)
+    # Q as the plan's backend rounds it (exact.path_attention): its own arithmetic is what the bound judges
+    ref, ref_lse = path_attention(q, cache, plan.kv_format, qo, kvp, sm_scale, plan.backend, return_lse=True)
     if page_size is None:
         cases = {"": (cache, kvp)}
     else:   # the reference above never sees the pages

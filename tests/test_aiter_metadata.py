@@ -85,7 +85,7 @@ def _run(q, kv_cache, kv_format, qo, kvp, plan, max_q_len):
 
 
 def _error(out, q, kv_cache, kv_format, qo, kvp):
-    return exact.strict_error(out, q, kv_cache, kv_format, qo, kvp, SM_SCALE)
+    return exact.strict_error(out, q, kv_cache, kv_format, qo, kvp, SM_SCALE, "aiter")
 
 
 def _plan(kv_format="fp8", page_size=1, variant="", splits=4):
@@ -416,6 +416,9 @@ GENERATION_FAKES = {
     "2026-08": (fake_aiter.aiter_2026_08, aiter_mla.API_2026_08, "native-head rule"),
     "between": (fake_aiter.aiter_between, None, "between 2026-03 and 2026-08"),
     "unknown-rule": (fake_aiter.aiter_unknown_rule, None, "runs 32 heads folded on gfx950 (bf16"),
+    # issue 39 defect 11: a 2026 signature whose decode's head rule cannot be read was accepted on signatures alone
+    "2026-08-unreadable-rule": (fake_aiter.aiter_2026_08_unreadable_rule, None, "rule cannot be read"),
+    "2026-03-unreadable-rule": (fake_aiter.aiter_2026_03_unreadable_rule, None, "rule cannot be read"),
 }
 
 
@@ -633,7 +636,7 @@ def _segment_error(case, plan, segment, seed=0):
     """Strict error of the route's output on one segment's rows only."""
     q, kv_cache, qo, kvp = _tensors(case, "fp8", seed)
     out = _run(q, kv_cache, "fp8", qo, kvp, plan, case.max_q_len)
-    ref = exact.exact_attention(q, kv_cache, "fp8", qo, kvp, SM_SCALE)
+    ref = exact.path_attention(q, kv_cache, "fp8", qo, kvp, SM_SCALE, "aiter")
     rows = slice(int(qo[segment]), int(qo[segment + 1]))
     return exact.relative_l2(out[rows], ref[rows])
 

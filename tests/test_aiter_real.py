@@ -88,7 +88,7 @@ def test_real_aiter_matches_exact_attention(name, kv_format, page_size, variant)
     if result is None:
         pytest.skip("refused by the route for this page size / builder (see tests/test_aiter_metadata.py)")
     out, (q, cache, qo, kvp) = result
-    error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE)
+    error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE, "aiter")
     assert error < BOUND[kv_format], error
     if page_size > 1:   # the same decode unpaged: pages must not change the arithmetic beyond rounding
         unpaged = _run(name, kv_format, 1, variant, device)
@@ -109,7 +109,7 @@ def test_real_aiter_more_heads_match_exact_attention(name, heads, kv_format, var
     if result is None:
         pytest.skip("refused by the route for this builder / generation (see tests/test_aiter_metadata.py)")
     out, (q, cache, qo, kvp) = result
-    error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE)
+    error = exact.strict_error(out, q, cache, kv_format, qo, kvp, SM_SCALE, "aiter")
     assert error < exact.STRICT_BOUND[(kv_format, "aiter")], error
 
 

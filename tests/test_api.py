@@ -20,8 +20,9 @@ def clean_state(monkeypatch):
     backends.unavailable_reason.cache_clear()
 
 
-def _error(out, case, kv_format, cache, sm_scale=DEFAULT_SM_SCALE):
-    return exact.strict_error(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, sm_scale)
+def _error(out, case, kv_format, cache, sm_scale=DEFAULT_SM_SCALE, path=None):
+    """path: the backend that made `out` (Q as it rounds it, exact.path_attention)."""
+    return exact.strict_error(out, case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, sm_scale, path)
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
@@ -69,8 +70,9 @@ def test_one_plan_two_calls_new_data_and_new_lengths(make_case, kv_format):
     kept = out_1.clone()
     out_2 = planned.run(second.q, cache_2, second.qo_indptr, second.kv_indptr)
     assert out_1.data_ptr() != out_2.data_ptr() and torch.equal(out_1, kept)
-    assert _error(out_1, first, kv_format, cache_1) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
-    assert _error(out_2, second, kv_format, cache_2) < exact.STRICT_BOUND[(kv_format, planned.plan.backend)]
+    path = planned.plan.backend
+    assert _error(out_1, first, kv_format, cache_1, path=path) < exact.STRICT_BOUND[(kv_format, path)]
+    assert _error(out_2, second, kv_format, cache_2, path=path) < exact.STRICT_BOUND[(kv_format, path)]
 
 
 def test_plan_reads_lengths_when_not_given_and_refuses_another_layout(make_case):
@@ -156,11 +158,13 @@ class _FakeBackend:
 
 
 def _fake_gfx950(monkeypatch, hip, aiter):
-    """Pretend this CPU is a gfx950 whose backends are `hip` / `aiter` (a _FakeBackend, or a reason string)."""
-    from mixed_mla import selfcheck
+    """Pretend this CPU is a gfx950 whose backends are `hip` / `aiter` (a _FakeBackend, or a reason string). Routing
+    is under test, not evidence: the planner plans as where no evidence is needed (hip_gfx950 first)."""
+    from mixed_mla import planner, selfcheck
     fakes = {"hip_gfx950": hip, "aiter": aiter}
     real_module = backends.module
     monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
+    monkeypatch.setattr(planner, "evidence_required", lambda arch: False)
     monkeypatch.setattr(selfcheck, "_results", {})
     monkeypatch.setattr(backends, "module", lambda name: fakes[name] if name in fakes else real_module(name))
     monkeypatch.setattr(backends, "unavailable_reason",
@@ -242,7 +246,7 @@ def test_lse_is_the_natural_log_sum_exp(device_backend, kv_format):
     ref, ref_lse = exact.exact_attention(case.q, cache, kv_format, case.qo_indptr, case.kv_indptr, DEFAULT_SM_SCALE,
                                          return_lse=True)
     assert lse.dtype == torch.float32 and lse.shape == (8, 16)
-    assert _error(out, case, kv_format, cache) < exact.STRICT_BOUND[(kv_format, name)]
+    assert _error(out, case, kv_format, cache, path=name) < exact.STRICT_BOUND[(kv_format, name)]
     assert exact.lse_error(lse, ref_lse) <= exact.LSE_BOUND[name]
     assert exact.lse_error(lse / math.log(2), ref_lse) > 10 * exact.LSE_BOUND[name]   # log2: refused
     assert exact.lse_error(lse.nan_to_num(neginf=0.0), ref_lse) == math.inf           # -inf rows must stay -inf

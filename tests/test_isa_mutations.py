@@ -23,7 +23,7 @@ def _error(lib, kv_format, occupancy=3):
     """(emulator error text, strict error) of the self-check layout (poisoned rows and scale padding)."""
     q, cache, qo, kvp = selfcheck.poisoned_layout(kv_format, "cpu")
     error, out = lanes.run_decode(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=occupancy)
-    return error, exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE)
+    return error, exact.strict_error(out, q, cache, kv_format, qo, kvp, DEFAULT_SM_SCALE, "hip_gfx950")
 
 
 def _rejected(lib, kv_format, occupancy=3):

@@ -179,11 +179,13 @@ def _imports(path: Path) -> set:
 
 
 def test_the_oracle_shares_no_decode_code_with_the_library():
-    """exact_formats imports only math and torch; exact.py only it and the dimensions (constants)."""
+    """exact_formats imports only math and torch; exact_query (Q as the fp8-Q paths round it) only torch and
+    exact_formats' e4m3fn table; exact.py only those two, the dimensions and the problem's sm_scale (constants)."""
     assert _imports(PACKAGE / "exact_formats.py") == {"math", "torch"}
+    assert _imports(PACKAGE / "exact_query.py") == {"torch", ".exact_formats", ".exact_formats.E4M3FN_TABLE"}
     imported = _imports(PACKAGE / "exact.py")
-    assert imported <= {"math", "torch", ".constants", ".constants.V_HEAD_DIM", ".exact_formats",
-                        ".exact_formats.decode"}, imported
+    assert imported <= {"math", "torch", ".constants", ".constants.V_HEAD_DIM", ".constants.DEFAULT_SM_SCALE",
+                        ".exact_formats", ".exact_formats.decode", ".exact_query", ".exact_query.path_query"}, imported
     assert not any("formats" in name and "exact_formats" not in name for name in imported)
     assert "backends" not in " ".join(imported) and "emulator" not in " ".join(imported)
 

@@ -67,7 +67,7 @@ def measure(candidate: planner.Plan, shape: Shape, inputs, reference, repeats: i
         def call():
             return planned.run(inputs.q, cache, inputs.qo_indptr, inputs.kv_indptr, sm_scale=DEFAULT_SM_SCALE)
 
-        error = exact.relative_l2(call(), reference[candidate.kv_format])
+        error = exact.relative_l2(call(), reference[(candidate.kv_format, candidate.backend)])
         record["strict_error"] = error if math.isfinite(error) else None
         bound = exact.STRICT_BOUND[(candidate.kv_format, candidate.backend)]
         if not error < bound:
@@ -278,9 +278,10 @@ def main(argv=None) -> Path:
         if not todo:
             continue
         inputs = make_inputs(shape, device, args.seed)
-        reference = {fmt: exact.exact_attention(inputs.q, inputs.caches[fmt], fmt, inputs.qo_indptr,
-                                                inputs.kv_indptr, DEFAULT_SM_SCALE)
-                     for fmt in sorted({p.kv_format for p in todo})}
+        # per (format, backend): exact attention with Q as that backend rounds it (exact.path_attention)
+        reference = {(fmt, path): exact.path_attention(inputs.q, inputs.caches[fmt], fmt, inputs.qo_indptr,
+                                                       inputs.kv_indptr, DEFAULT_SM_SCALE, path)
+                     for fmt, path in sorted({(p.kv_format, p.backend) for p in todo})}
         for plan in todo:
             partial.add(measure(plan, shape, inputs, reference, args.repeats))
             measured += 1

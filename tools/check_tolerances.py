@@ -71,7 +71,7 @@ def check_case(spec: str, args: dict, kv_formats, path_names=None) -> list:
                 passes[name] = utils.match_reference(data, out, reference=lambda _: expected, rtol=rtol,
                                                      atol=atol)[0]
             error = exact.strict_error(out, q, kv_data[kv_format], kv_format, qo_indptr, kv_indptr,
-                                       config["sm_scale"])
+                                       config["sm_scale"], path)
             bound = exact.STRICT_BOUND[(kv_format, path)]
             records.append(Record(spec, kv_format, path, mismatch, passes, error, bound))
     return records

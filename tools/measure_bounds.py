@@ -1,11 +1,11 @@
 """The worst strict error a decode path shows on correct code, per (kv_format, sm_scale class, q_len, cache): the data
-behind mixed_mla/exact.py's STRICT_BOUND, SHARP_SCALE_BOUND and LSE_BOUND.
+behind mixed_mla/exact.py's STRICT_BOUND and LSE_BOUND.
 
 Each path decodes seeded random layouts (1-4 segments of q_len queries each, KV lengths up to the path's longest with
 one segment in four at most q_len long, its head counts, |q| of 1, 1e3 or 1e-3 with the cache scaled inversely so the
 scores stay ~N(0, 1) at the problem's scale) at every scale of exact.CHECKED_SM_SCALES, and records the worst
-relative L2 error against exact attention (mixed_mla.exact, the oracle) and, where the path writes it, the worst
-natural-log LSE error. Paths:
+relative L2 error against exact attention with Q as the path's kernel rounds it (exact.path_attention, the oracle
+every check uses) and, where the path writes it, the worst natural-log LSE error against the same. Paths:
     torch              the torch backend (api.decode / paged.decode_paged forced to it), contiguous and paged
     cuda_sm90          the compiled sm90 backend the same way (an H100/H200)
     hip_gfx950_twin    emulator/gfx950/hip_twin, the gfx950 kernels' arithmetic on the CPU (contiguous, no LSE)
@@ -14,7 +14,7 @@ The self-check is off while measuring (MLA_SELFCHECK=0): the numbers are the pat
 
     python tools/measure_bounds.py --path torch                   # writes benchmarks/results/bounds/torch.json
     python tools/measure_bounds.py --path cuda_sm90 --device cuda
-    python tools/measure_bounds.py --path hip_gfx950_twin --layouts 6
+    python tools/measure_bounds.py --path hip_gfx950_lanes      # minutes
 Each run replaces its path's file (date, commit, device and the rows); benchmarks/results/bounds/README.md says
 what each file is.
 """
@@ -40,12 +40,13 @@ OUT_DIR = ROOT / "benchmarks/results/bounds"
 Q_LENS = (1, 2, 3, 4)
 PAGE_SIZE = 16
 SEED = 20261205
-# path -> (kv formats, caches, layouts per q_len by default, the layouts' largest KV length and head counts)
+# path -> (the backend whose Q rounding the oracle applies, kv formats, caches, layouts per q_len by default, the
+# layouts' largest KV length and head counts)
 PATHS = {
-    "torch": (KV_FORMATS, ("contiguous", "paged"), 5, 700, (16, 32, 128)),
-    "cuda_sm90": (KV_FORMATS, ("contiguous", "paged"), 8, 4200, (16, 32, 64, 128)),
-    "hip_gfx950_twin": (("fp8", "mxfp4"), ("contiguous",), 6, 700, (16, 32)),
-    "hip_gfx950_lanes": (("fp8", "mxfp4"), ("contiguous",), 2, 200, (16,)),
+    "torch": ("torch", KV_FORMATS, ("contiguous", "paged"), 5, 700, (16, 32, 128)),
+    "cuda_sm90": ("cuda_sm90", KV_FORMATS, ("contiguous", "paged"), 8, 4200, (16, 32, 64, 128)),
+    "hip_gfx950_twin": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 20, 700, (16, 32)),
+    "hip_gfx950_lanes": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 2, 200, (16,)),
 }
 TWIN_SPLITS = (1, 2, 3, 7, 16)   # the gfx950 paths take the split count as given (the planner's range)
 
@@ -110,7 +111,7 @@ class Runner:
 
 
 def measure(path: str, device: str, per_q_len: int) -> list:
-    kv_formats, caches, _, max_kv, heads = PATHS[path]
+    backend, kv_formats, caches, _, max_kv, heads = PATHS[path]
     if path.startswith("hip_gfx950") and torch.device(device).type != "cpu":
         raise ValueError(f"{path} runs on the CPU")
     run = Runner(path)
@@ -122,7 +123,8 @@ def measure(path: str, device: str, per_q_len: int) -> list:
                 q, cache, qo, kvp = (to_device(x, device) for x in inputs(segments, num_heads, magnitude, kv_format,
                                                                           seed))
                 for sm_scale in exact.CHECKED_SM_SCALES:
-                    ref, ref_lse = exact.exact_attention(q, cache, kv_format, qo, kvp, sm_scale, return_lse=True)
+                    ref, ref_lse = exact.path_attention(q, cache, kv_format, qo, kvp, sm_scale, backend,
+                                                        return_lse=True)
                     for cache_kind in caches:
                         out, lse = run(q, cache, kv_format, qo, kvp, sm_scale, splits, cache_kind)
                         key = (kv_format, exact.scale_class(sm_scale), sm_scale, q_len, cache_kind)
@@ -144,7 +146,7 @@ def main():
     parser.add_argument("--layouts", type=int, help="layouts per q_len (default: the path's)")
     parser.add_argument("--out", default=str(OUT_DIR))
     args = parser.parse_args()
-    per_q_len = args.layouts or PATHS[args.path][2]
+    per_q_len = args.layouts or PATHS[args.path][3]
     rows = measure(args.path, args.device, per_q_len)
     record = {"path": args.path, "layouts_per_q_len": per_q_len, "seed": SEED,
               "run": f"python tools/measure_bounds.py --path {args.path} --device {args.device} --layouts {per_q_len}",

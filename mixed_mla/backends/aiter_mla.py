@@ -13,11 +13,11 @@ DLPack or a custom kernel do not bump it, and an id() can be reused after a tens
 construction: it reads the current contents, in stream order, before the kernel that consumes them.
 
 Cost per call beyond aiter's own decode (its stage-1 and reduce kernels): the metadata kernel (1 launch; aiter also
-queries the device properties on the host each time), page tables for page_size > 1 (4 launches, plus 3 for the
-alignment assertion), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation (4), the v1_0
-length assertion (3, v1_0 calls only), the zero-fix below (3 for a uniform layout, else 7). All are small kernels; what they cost is host launch time, which the leaderboard's
-timing includes. It could not be measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls,
-all of this included.
+queries the device properties on the host each time), page tables (1 launch at page_size 1; 4, plus 3 for the
+alignment assertion, at larger pages), the indptr guard (1 on gfx950, 14 on gfx942; below), the fp8 Q quantisation
+(7), the v1_0 length assertion (3, v1_0 calls only), the zero-fix below (3 for a uniform layout, else 7). All are
+small kernels; what they cost is host launch time, which the leaderboard's timing includes. It could not be
+measured here (no ROCm device): tools/autotune.py on an MI355X times whole calls, all of this included.
 
 Bad indptr contents (validate.py, tier 3): aiter's metadata builder and decode read qo_indptr / kv_indptr on the
 device and clamp nothing, so a decreasing entry or one past q or the cache would send them out of bounds. The
@@ -31,11 +31,13 @@ launch of a kernel in the gfx950 HIP module where that module is built (on gfx95
 preallocated buffers (gfx942; CUDA-graph safe either way). Everything after the guard, the page tables and the
 zero-fix included, reads the clamped copies.
 
-Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device
-(amax / fp8 max, the reference's recipe; about 2.7% relative L2 error by itself, docs/problem.md); with a bf16 cache Q
-stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the kernel, since
-aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel by it, and a
-layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap zero-fix).
+Q: with an fp8 cache Q is quantised to the cache's fp8 type with a per-tensor dynamic scale computed on the device,
+by the reference's recipe op for op (amax / fp8 max in bf16: quantize_q_per_tensor; about 2.7% relative L2 error by
+itself, docs/problem.md), so the reference's configuration gets the reference's arguments bit for bit; with a bf16
+cache Q stays bf16. Rows with no KV position to attend (empty segment, or kv_len < q_len) are zeroed after the
+kernel, since aiter does not define them. max_q_len must bound every segment's query count: aiter picks its kernel
+by it, and a layout with total_q == batch * max_q_len is then known to be uniform (aiter's uni_seqlen_qo, the cheap
+zero-fix).
 
 Which metadata builder runs, and the layouts each serves right (tests/aiter_model/ models both from aiter's source at
 the pinned commit; docs/aiter.md): variant "fast" runs the v1_2 builder, which reads qo_indptr and serves any layout
@@ -65,10 +67,10 @@ compared with the generation's modelled rule:
              workspace sizing, CP round-robin parameters and a batch gate on the persistent decode; its v1_2 and
              its decode run gfx950 fp8 32/64/128 heads and all gfx950 bf16 head counts unfolded, while v1_0 still
              folds 32..112 (modelled: the fold rules and v1_2's rewritten walk and parallel fill).
-Anything else (an aiter between or past these, a decode whose head rule differs from the model) is an unknown
-generation: the backend is unavailable, with one fallback warning. Within a known generation, a (heads, variant,
-q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the plan routes to the
-next backend with one warning.
+Anything else (an aiter between or past these, a 2026 decode whose head rule differs from the model or cannot be
+read) is an unknown generation: the backend is unavailable, with one fallback warning. Within a known generation,
+a (heads, variant, q_len) whose builder-decode pairing is not modelled is refused at plan time (plan_problem): the
+plan routes to the next backend with one warning.
 tests/test_aiter_contract.py checks every call built here against real aiter sources.
 """
 import ast
@@ -111,6 +113,7 @@ SELFCHECK_V1_0_SPLITS = 3
 SELFCHECK_V1_0_TAIL_UNITS = 54
 METADATA_FUNCTIONS = ("get_mla_metadata_info_v1", "get_mla_metadata_v1")   # attributes of the `aiter` module
 DECODE_FUNCTION = "mla_decode_fwd"                                          # attribute of `aiter.mla`
+Q_SCALE_FLOOR = 1e-12   # the reference's least per-tensor amax (reference.py quantize_fp8): an all-zero Q's scale
 
 
 
@@ -306,8 +309,9 @@ def detect_generation(aiter, mla) -> tuple:
     """(generation or None, evidence): the installed aiter's generation from its API and source, not its version.
 
     The metadata call's parameter order gives 2025-11 or the 2026 calls; the 2026-08 markers (all or none) split
-    those; where mla_decode_fwd's source is readable its native-head rule must equal the generation's modelled one
-    (decode_native) at every (arch, heads, q_len, format) the route serves, else the generation is unknown."""
+    those; mla_decode_fwd's native-head rule must then be readable and equal the generation's modelled one
+    (decode_native) at every (arch, heads, q_len, format) the route serves, else the generation is unknown. The
+    2025-11 wheel alone may have an unreadable rule: it is served for 16 heads only, which no rule folds."""
     functions = {name: getattr(aiter, name) for name in METADATA_FUNCTIONS}
     functions[DECODE_FUNCTION] = getattr(mla, DECODE_FUNCTION)
     parameters = tuple(inspect.signature(functions["get_mla_metadata_v1"]).parameters)
@@ -321,8 +325,11 @@ def detect_generation(aiter, mla) -> tuple:
         elif present:
             return None, f"an aiter between {API_2026_03} and {API_2026_08}: it has only {', '.join(present)}"
     rule = decode_rule_from_source(functions[DECODE_FUNCTION])
+    if rule is None and generation == API_2025_11:   # served for 16 heads only, which every decode runs unfolded
+        return generation, "signatures (mla_decode_fwd's native-head rule not readable; 16 heads only)"
     if rule is None:
-        return generation, "signatures (mla_decode_fwd's native-head rule not readable)"
+        return None, (f"its signatures say {generation}, but mla_decode_fwd's native-head rule cannot be read, so "
+                      f"how it folds 32..128 heads (which the builder must match) is unknown")
     for arch in ARCHS:
         for num_heads in HEAD_COUNTS:
             for q_len in range(1, MAX_Q_LEN + 1):
@@ -481,16 +488,6 @@ def _countdown(device, n):
 
 
 @functools.lru_cache(maxsize=8)
-def _tiny(device):
-    return torch.full((1,), torch.finfo(torch.float32).tiny, dtype=torch.float32, device=device)
-
-
-@functools.lru_cache(maxsize=64)
-def _ones(device, n):
-    return torch.ones(n, dtype=torch.int32, device=device)
-
-
-@functools.lru_cache(maxsize=8)
 def _arch(device) -> str:
     """The device's gfx arch, read once (it decides the v1_0 rules)."""
     return device_arch(device)
@@ -507,13 +504,17 @@ def _stream_id(device) -> int:
 def page_tables(kv_indptr: torch.Tensor, page_size: int):
     """(kv_indptr in pages, kv_last_page_lens) for identity pages, computed on the device without a sync.
 
-    Pages of segment b: [ceil(start_b / P), ceil(end_b / P)); its last page holds end_b - P * (pages_end_b - 1) rows,
-    which is P exactly when end_b -- the next segment's start -- is a multiple of P. So "every segment but the last
-    starts on a page boundary" reads: every last_page_lens but the last is P. Asserted on the device (raises at once
-    on CPU, at the next synchronisation on a GPU). Seven launches.
+    Page size 1: kv_indptr itself and the segment lengths, as the leaderboard's reference passes them (reference.py
+    _aiter_a8w8; tests/test_aiter_reference_call.py compares every argument). Neither builder reads
+    kv_last_page_lens at page size 1 (v1_0 never; v1_2's page_size == 1 branch, v1_2_device.cuh at 8ce1117
+    ~168-191); aiter's op_tests pass ones there, so the decode works with either. One launch.
+    Page size P > 1: pages of segment b are [ceil(start_b / P), ceil(end_b / P)); its last page holds
+    end_b - P * (pages_end_b - 1) rows, which is P exactly when end_b -- the next segment's start -- is a multiple
+    of P. So "every segment but the last starts on a page boundary" reads: every last_page_lens but the last is P.
+    Asserted on the device (raises at once on CPU, at the next synchronisation on a GPU). Seven launches.
     """
     if page_size == 1:
-        return kv_indptr, _ones(kv_indptr.device, kv_indptr.shape[0] - 1)
+        return kv_indptr, kv_indptr[1:] - kv_indptr[:-1]
     page_indptr = torch.div(kv_indptr + (page_size - 1), page_size, rounding_mode="floor")
     last_page_lens = torch.add(kv_indptr[1:], page_indptr[1:], alpha=-page_size).add_(page_size)
     torch._assert_async(torch.all(last_page_lens[:-1] == page_size),
@@ -523,14 +524,15 @@ def page_tables(kv_indptr: torch.Tensor, page_size: int):
 
 
 def quantize_q_per_tensor(q: torch.Tensor, fp8_dtype: torch.dtype):
-    """(q in fp8_dtype, scale (1,) float32) with scale = amax|q| / fp8 max, all on the device (four launches)."""
+    """(q in fp8_dtype, scale (1,) float32): the reference's per-tensor recipe (reference.py quantize_fp8) op for op,
+    so the reference's own configuration gets the reference's own Q bits: amax|q|, at least 1e-12, divided by the
+    fp8 max, all in q's dtype (bf16); q divided by that scale in q's dtype, clamped to the fp8 range (the bf16
+    scale may round below amax / fp8 max), cast. Seven launches on the device, no sync."""
     fp8_max = torch.finfo(fp8_dtype).max
-    amax = torch.linalg.vector_norm(q, float("inf"), dtype=torch.float32).reshape(1)
-    # tiny + amax / fp8_max in one launch: the tiny term (1e-38) only keeps an all-zero q from dividing by zero
-    scale = torch.add(_tiny(q.device), amax, alpha=1.0 / fp8_max)
-    # No clamp before the cast: |q / scale| <= fp8_max * (1 + 2^-22) by construction, far below the first value
-    # the cast turns into NaN (464 for e4m3fn, halfway to the missing 480).
-    return (q / scale).to(fp8_dtype), scale
+    amax = torch.linalg.vector_norm(q, float("inf"))          # in q's dtype, exact: the largest |value|
+    scale = torch.clamp(amax, min=Q_SCALE_FLOOR) / fp8_max
+    data = torch.clamp(q / scale, -fp8_max, fp8_max).to(fp8_dtype)
+    return data, scale.float().view(1)
 
 
 def zero_rows_without_keys(out: torch.Tensor, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,

@@ -13,6 +13,12 @@ The decode's reading of a work item is our stated ASSUMPTION, from aiter's docum
     more than one query are not modelled (the route never plans them);
   - partial_qo_loc -1 writes the output; otherwise the partial rows are merged by log-sum-exp over each reduce
     group (reduce_indptr / reduce_partial_map / reduce_final_map).
+The arithmetic is float64 but for one rounding read from aiter's code objects: with fp8 Q (the a8w8 kernels) P is
+e4m3fn. Every gfx950 a8w8 MLA kernel at 8ce1117 (hsa/gfx950/mla/mla_a8w8_*.co, llvm-objdump-22 --mcpu=gfx950)
+computes p = v_exp_f32 of the max-subtracted scores, adds the unrounded p into the row sum, converts p with
+v_cvt_pk_fp8_f32 (no scale: p in (0, 1]) and multiplies P.V with fp8 MFMAs only (qh16 qseqlen1 ps: 24
+v_cvt_pk_fp8_f32, 108 v_mfma_f32_16x16x128_f8f6f4, no bf16 conversion). The fake rounds p against the work item's
+max; the kernel's running max per tile is not modelled (it rounds earlier tiles' p on a finer relative grid).
 Rows no item writes, and rows that see no key, come out NaN: aiter leaves them undefined.
 Anything the real code would do out of bounds, or divide by zero, raises metadata.ModelError.
 """
@@ -162,6 +168,7 @@ def emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_le
         q, o_view = q.reshape(-1, 16, q.shape[-1]), o.view(-1, 16, o.shape[-1])
     else:
         o_view = o
+    fp8_p = dtype_name(q.dtype) in metadata.FP8_DTYPES   # the a8w8 kernels' P (module docstring)
     qf = q.to(torch.float64) * (q_scale.double() if q_scale is not None else 1.0)
     kvf = kv_buffer.to(torch.float64) * (kv_scale.double() if kv_scale is not None else 1.0)
     result = torch.full(o_view.shape, float("nan"), dtype=torch.float64)
@@ -196,7 +203,11 @@ def emulated_decode(rec, q, kv_buffer, o, kv_indptr, kv_indices, kv_last_page_le
             else:
                 scores = qf[row] @ keys[:visible].T * sm_scale                      # (heads, visible)
                 lse = torch.logsumexp(scores, dim=-1)
-                out_row = torch.softmax(scores, dim=-1) @ keys[:visible, :o.shape[-1]]
+                p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+                row_sum = p.sum(dim=-1, keepdim=True)
+                if fp8_p:
+                    p = p.to(torch.float32).to(torch.float8_e4m3fn).to(torch.float64)
+                out_row = p @ keys[:visible, :o.shape[-1]] / row_sum
             if partial < 0:
                 result[row] = out_row
             else:
@@ -323,6 +334,20 @@ def aiter_2026_08(rec, rule=_unfolded_head):
 def aiter_unknown_rule(rec):
     """HEAD's signatures with a decode whose native-head rule no modelled generation has."""
     return aiter_2026_08(rec, _unfolded_unknown)
+
+
+def _unreadable_rule(factory):
+    """`factory`'s aiter with a decode whose native-head rule cannot be read: its source is the fake decode's own,
+    which holds no `if` whose body is `pass` (as a decode rewritten around a table, or wrapped, would read)."""
+    def unreadable(rec):
+        info, build, decode = factory(rec)
+        del decode.__wrapped__
+        return info, build, decode
+    return unreadable
+
+
+aiter_2026_08_unreadable_rule = _unreadable_rule(aiter_2026_08)
+aiter_2026_03_unreadable_rule = _unreadable_rule(aiter_2026_03)
 
 
 def aiter_between(rec):
