@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMAT_CODES
-from mixed_mla import validate
+from mixed_mla import kernels, validate
 from mixed_mla.formats import as_uint8
 
 from . import facts
@@ -188,9 +188,10 @@ class CacheWriteParams(ctypes.Structure):
 
 def build_cache_write(kernel_dir: Path, out_dir: Path, overrides=None) -> ctypes.CDLL:
     """The emulator library of the cache write under kernel_dir (its cache_write/ folder, and decode/ for the
-    prelude it includes). Exports emu_cache_write."""
+    prelude it includes; the kernels' common/ for what every arch's cache write shares). Exports emu_cache_write."""
     kernel_dir = Path(kernel_dir)
-    return _compile("cache_write_driver.cpp", [kernel_dir / "cache_write", kernel_dir / "decode"], out_dir,
+    common = kernels.materialize(kernels.COMMON_DIR)
+    return _compile("cache_write_driver.cpp", [kernel_dir / "cache_write", kernel_dir / "decode", common], out_dir,
                     "cache_write.so", overrides, "cache-write emulator")
 
 

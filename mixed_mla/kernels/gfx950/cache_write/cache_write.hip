@@ -10,7 +10,6 @@
 // Device code only; launch.hip launches it, binding.cpp fills the params.
 #include "prelude.h"   // gfx950/decode/ (kernels.BUILDS puts it on this build's include path)
 #include "config.h"
-#include "params.h"
 
 namespace mla_gfx950::cache_write {
 
@@ -82,7 +81,7 @@ __device__ inline int e2m1_code(float scaled) {
 // propagates it). Every lane of the wave must call it (ds_bpermute is a wave collective).
 __device__ inline float half_wave_amax(float value) {
 #pragma unroll
-  for (int mask = kBlock / 2; mask > 0; mask /= 2) {
+  for (int mask = kMxfp4Block / 2; mask > 0; mask /= 2) {
     const float other = lane_xor(value, mask);
     value = (__builtin_isnan(other) || other > value) ? other : value;
   }
@@ -126,8 +125,8 @@ __device__ inline void write_row(const CacheWriteParams& p) {
       const int code = e2m1_code(x * exact_exp2(-exponent));
       const int odd = __builtin_bit_cast(int, lane_read(__builtin_bit_cast(float, code), lane + 1));
       if (lane % 2 == 0) data[element / 2] = static_cast<uint8_t>(code | (odd << 4));   // low nibble first
-      if (lane % kBlock == 0) {
-        p.block_scales[page * p.scales_page_stride + in_page * p.scales_row_stride + element / kBlock] =
+      if (lane % kMxfp4Block == 0) {
+        p.block_scales[page * p.scales_page_stride + in_page * p.scales_row_stride + element / kMxfp4Block] =
             static_cast<uint8_t>(exponent + kE8m0Bias);
       }
     }

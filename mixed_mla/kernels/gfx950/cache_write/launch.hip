@@ -3,7 +3,6 @@
 // binding.cpp calls `launch_cache_write`, so the C++ that includes torch never sees HIP types.
 #include "prelude.h"
 #include "config.h"
-#include "params.h"
 
 extern "C" {
 __global__ void cache_write_bf16_i64(mla_gfx950::cache_write::CacheWriteParams);

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "config.h"
-#include "params.h"
 
 namespace mla_cache_write {
 
