@@ -306,6 +306,8 @@ def _paged_problem(plan: Plan, device, num_heads: int, max_q_len: int, page_size
     reason = backends.unavailable_reason(plan.backend, str(device))
     if reason is None and not hasattr(backends.module(plan.backend), "run_paged"):
         reason = f"backend {plan.backend!r} reads contiguous caches only"
+    elif reason is None and not backends.serves_paged(plan.backend, page_size):
+        reason = f"backend {plan.backend!r} does not serve paged caches of page size {page_size} now (its opt-in)"
     if reason is None and strided_pages and not backends.spec(plan.backend).strided_pages:
         reason = STRIDED_PAGES_REASON
     return reason or api.route_problem(plan, device, num_heads, max_q_len, return_lse, page_size, sm_scale)

@@ -225,8 +225,9 @@ def _declined(name, kv_format, num_heads, return_lse):
     module, declared = backends.module(name), backends.spec(name)
     if not backends.supports(name, kv_format, num_heads):
         return f"it does not support kv_format {kv_format} with {num_heads} heads"
-    if not hasattr(module, "run_sparse") and not (hasattr(module, "run_paged") and declared.lse):
-        return "it has neither a sparse entry point nor a paged one that writes the LSE (the gather route)"
+    if not hasattr(module, "run_sparse") and not (backends.serves_paged(name, 1) and declared.lse):
+        return ("it has neither a sparse entry point nor a paged one that serves page size 1 and writes the LSE (the "
+                "gather route)")
     if hasattr(module, "run_sparse") and return_lse and not declared.lse:
         return api.LSE_REASON
     return None

@@ -28,6 +28,7 @@ _spec.loader.exec_module(gfx950_report)
 EXPECTED_KERNELS = {f"stage1_{fmt}_{variant}" for fmt in hip_gfx950.FORMATS for variant in hip_gfx950.OCCUPANCY}
 EXPECTED_KERNELS |= {f"stage1_fused_{fmt}_{variant[len('fused_'):]}" for fmt in hip_gfx950.FUSED_FORMATS
                      for variant in hip_gfx950.FUSED}
+EXPECTED_KERNELS |= {f"stage1_gather_{fmt}_occ{hip_gfx950.GATHER_OCCUPANCY}" for fmt in hip_gfx950.FORMATS}
 EXPECTED_KERNELS |= {"merge_splits", "indptr_guard"}   # indptr_guard: the aiter route's clamp (aiter_mla.py)
 
 

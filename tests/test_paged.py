@@ -169,8 +169,9 @@ def test_a_plan_refuses_another_layout():
 
 
 def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
-    """hip_gfx950 and aiter read contiguous caches only (no run_paged): a paged plan on gfx950 takes the next backend
-    that reads pages, torch, even where both are available."""
+    """aiter reads contiguous caches only (no run_paged) and hip_gfx950's run_paged serves page size 1 alone, with its
+    opt-in (MLA_GFX950_SPARSE): a paged plan on gfx950 takes the next backend that reads pages, torch, even where both
+    are available."""
     monkeypatch.setattr(paged, "device_arch", lambda device: "gfx950")
     monkeypatch.setattr(backends, "unavailable_reason", lambda name, device: None)
     monkeypatch.setattr(api, "_warned_fallbacks", set())
@@ -179,11 +180,13 @@ def test_on_rocm_a_paged_decode_routes_to_torch(monkeypatch):
     with pytest.warns(RuntimeWarning) as caught:   # as a contiguous plan warns: once per backend passed over
         planned = paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16)
     assert [str(w.message).split("'")[1] for w in caught] == ["hip_gfx950", "aiter"]
-    assert all("reads contiguous caches only" in str(w.message) for w in caught)
+    hip_reason, aiter_reason = (str(w.message) for w in caught)
+    assert "does not serve paged caches of page size 16" in hip_reason
+    assert "reads contiguous caches only" in aiter_reason
     assert planned.plan.backend == "torch" and planned.plan.source.endswith("+fallback")
     with pytest.raises(RuntimeError, match="not using backend 'hip_gfx950' .* strict=True forbids the fallback"):
         paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, strict=True)
-    with pytest.raises(RuntimeError, match="reads contiguous caches only"):
+    with pytest.raises(RuntimeError, match="does not serve paged caches of page size 16"):
         paged.plan_paged(qo, table, lens, num_heads=8, kv_format="fp8", page_size=16, backend="hip_gfx950")
 
 

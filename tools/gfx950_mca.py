@@ -34,7 +34,7 @@ CLOCKS_PER_MODEL_CYCLE = 4
 # config.h: direct-to-LDS chunks of 1 KiB per tile (fp8 18; mxfp4 9 packed + 1 of scales), shared by the 4 waves
 TILE_CHUNKS = {"fp8": 18, "mxfp4": 10}
 BUDGET_CLOCKS_PER_TOKEN = {"fp8": 44, "mxfp4": 24}
-STAGE1 = re.compile(r"^stage1_(?:fused_)?(fp8|mxfp4)_occ(\d)$")
+STAGE1 = re.compile(r"^stage1_(?:fused_|gather_)?(fp8|mxfp4)_occ(\d)$")
 CYCLES = re.compile(r"^Total Cycles:\s+(\d+)", re.M)
 ITERATIONS = re.compile(r"^Iterations:\s+(\d+)", re.M)
 THROUGHPUT = re.compile(r"^Block RThroughput:\s+([\d.]+)", re.M)

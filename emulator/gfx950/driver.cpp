@@ -11,6 +11,8 @@
 #include "stage1_fused_fp8_occ2.hip"
 #include "stage1_fused_fp8_occ3.hip"
 #include "stage1_fused_fp8_occ4.hip"
+#include "stage1_gather_fp8_occ3.hip"
+#include "stage1_gather_mxfp4_occ3.hip"
 #include "merge.hip"
 #include "indptr_guard.hip"
 #include "runner.h"
@@ -25,13 +27,17 @@ bool run_kernel(Fibers& f, Kernel kernel, const mla_gfx950::DecodeParams& p, int
 
 }  // namespace
 
-// format: a config.h KvFormat code, as the launcher takes it.
+// format: a config.h KvFormat code, as the launcher takes it. A params->block_table runs the gather kernels
+// (occupancy 3 only, as launch.hip).
 extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, int occupancy, const void* kv,
                           long kv_bytes, const void* scales, long scale_bytes, char* error, int error_len) {
   using namespace mla_gfx950;
   static const Kernel kernels[2][3] = {{stage1_fp8_occ2, stage1_fp8_occ3, stage1_fp8_occ4},
                                        {stage1_mxfp4_occ2, stage1_mxfp4_occ3, stage1_mxfp4_occ4}};
-  if ((format != kFormatFp8 && format != kFormatMxfp4) || occupancy < 2 || occupancy > 4) {
+  static const Kernel gather_kernels[2] = {stage1_gather_fp8_occ3, stage1_gather_mxfp4_occ3};
+  const bool gather = params->block_table != nullptr;
+  if ((format != kFormatFp8 && format != kFormatMxfp4) || occupancy < 2 || occupancy > 4 ||
+      (gather && occupancy != 3)) {
     snprintf(error, error_len, "no kernel for format code %d, occupancy %d", format, occupancy);
     return 1;
   }
@@ -44,7 +50,8 @@ extern "C" int emu_decode(const mla_gfx950::DecodeParams* params, int format, in
   const DecodeParams& p = *params;
   scope.g->atomic_lo = p.error_flag;  // the one buffer the kernels update atomically: [bits, first segment]
   scope.g->atomic_hi = p.error_flag + 2;
-  bool ok = run_kernel(fibers, kernels[format == kFormatFp8 ? 0 : 1][occupancy - 2], p, p.num_splits, p.total_q,
+  const int f = format == kFormatFp8 ? 0 : 1;
+  bool ok = run_kernel(fibers, gather ? gather_kernels[f] : kernels[f][occupancy - 2], p, p.num_splits, p.total_q,
                        p.num_heads / HEAD_GROUP, THREADS);
   if (ok && p.num_splits > 1) ok = run_kernel(fibers, merge_splits, p, p.total_q, p.num_heads, 1, WAVE_SIZE);
   return ok ? 0 : 1;

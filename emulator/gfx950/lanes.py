@@ -30,7 +30,8 @@ class DecodeParams(ctypes.Structure):
                 + [(name, ctypes.c_int64) for name in ("q_row_stride", "q_head_stride", "out_row_stride",
                                                        "out_head_stride")]
                 + [(name, ctypes.c_int) for name in ("total_q", "num_heads", "batch", "num_kv_rows", "num_splits")]
-                + [("sm_scale_log2", ctypes.c_float)])
+                + [("sm_scale_log2", ctypes.c_float), ("block_table", ctypes.c_void_p), ("seq_lens", ctypes.c_void_p),
+                   ("block_table_stride", ctypes.c_int64), ("max_pages", ctypes.c_int)])
 
 
 def _compile(driver: str, include_dirs, out_dir: Path, library: str, overrides, what: str) -> ctypes.CDLL:
@@ -86,15 +87,47 @@ def run_decode(lib, q, cache, kv_format, qo, kvp, num_splits, occupancy, num_kv_
                      q.stride(0), q.stride(1),
                      out.stride(0), out.stride(1), total_q, heads, qo.numel() - 1,
                      kv.shape[0] if num_kv_rows is None else num_kv_rows, num_splits, sm_scale * LOG2E)
+    return _launch(lib, p, KV_FORMAT_CODES[kv_format], occupancy, fused, kv, scales), out
+
+
+def _launch(lib, p, format_code, occupancy, fused, kv, scales) -> str:
+    """Runs the kernels of DecodeParams `p` on CPU lanes (direct-to-LDS loads bounded to kv and scales); the error
+    text, '' when they ran."""
     error = _error_buffer()
     if fused:
         rc = lib.emu_decode_fused(ctypes.byref(p), occupancy, ctypes.c_void_p(kv.data_ptr()),
                                   ctypes.c_long(kv.numel()), error, len(error))
     else:
-        rc = lib.emu_decode(ctypes.byref(p), KV_FORMAT_CODES[kv_format], occupancy, ctypes.c_void_p(kv.data_ptr()),
+        rc = lib.emu_decode(ctypes.byref(p), format_code, occupancy, ctypes.c_void_p(kv.data_ptr()),
                             ctypes.c_long(kv.numel()), ctypes.c_void_p(scales.data_ptr()),
                             ctypes.c_long(scales.numel()), error, len(error))
-    return ("" if rc == 0 else error.value.decode() or "failed"), out
+    return "" if rc == 0 else error.value.decode() or "failed"
+
+
+class EmulatedBinding:
+    """hip_gfx950's compiled module on CPU lanes: forward() takes binding.cpp's arguments, in its order, and runs
+    what launch.hip launches (a test puts it in place of hip_gfx950._module, so the backend's host code and the
+    routes above it run unchanged over the kernel source). A failed emulation raises."""
+
+    def __init__(self, lib):
+        self.lib = lib
+
+    def forward(self, q, kv, kv_aux, qo, kvp, out, partial_out, partial_lse, error_flag, arrivals, lse, num_splits,
+                occupancy, fused, format_code, sm_scale, block_table, seq_lens):
+        fp8 = format_code == KV_FORMAT_CODES["fp8"]
+        scales = torch.zeros(1, dtype=torch.uint8) if fp8 else kv_aux
+        gather = block_table.numel() > 0
+        p = DecodeParams(q.data_ptr(), kv.data_ptr(), None if fp8 else kv_aux.data_ptr(),
+                         kv_aux.data_ptr() if fp8 else None, qo.data_ptr(), kvp.data_ptr(), out.data_ptr(),
+                         partial_out.data_ptr(), partial_lse.data_ptr(), error_flag.data_ptr(),
+                         None if lse is None else lse.data_ptr(), arrivals.data_ptr() if fused else None,
+                         q.stride(0), q.stride(1), out.stride(0), out.stride(1), q.shape[0], q.shape[1],
+                         qo.numel() - 1, kv.shape[0], num_splits, sm_scale * LOG2E,
+                         block_table.data_ptr() if gather else None, seq_lens.data_ptr() if gather else None,
+                         block_table.stride(0) if gather else 0, block_table.shape[1] if gather else 0)
+        error = _launch(self.lib, p, format_code, occupancy, fused, kv, scales)
+        if error:
+            raise RuntimeError(f"the emulated kernels failed: {error}")
 
 
 def mfma_scale(lib, a, b, format_a, format_b, scale_a, scale_b):

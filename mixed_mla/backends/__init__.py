@@ -15,7 +15,8 @@ to know about it in ONE place, its `SPEC` (a BackendSpec below), and defines two
               [, lse])                  optional: the paged form (mixed_mla/paged.py), same rules
     run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale[, lse])
                                         optional: sparse top-k decode (mixed_mla/sparse.py); a backend without it
-                                        whose run_paged writes the LSE serves sparse decodes through run_paged
+                                        whose run_paged writes the LSE and serves page size 1 (serves_paged) serves
+                                        sparse decodes through run_paged
 Its import must not fail for a missing toolchain or device: anything optional is imported inside `available`.
 Adding a backend = its module + one line in REGISTRY. Registry order is the preference order among the
 backends native to one arch; FALLBACK serves every device and is the last resort.
@@ -66,6 +67,8 @@ class BackendSpec:
     lse: bool = False   # whether run(..., lse=) writes the log-sum-exp
     strided_pages: bool = False   # whether run_paged reads caches whose pages are not back to back (page stride >
                                   # page_size x row): the kernels' params carry one row stride, flat over pages
+    paged_page_sizes: Optional[Callable] = None   # page_size -> bool: a run-time narrowing of run_paged (an opt-in,
+                                                  # read on every plan); None: any page size
 
     def __post_init__(self):
         if self.fastest_format not in self.formats or not self.variants:
@@ -75,6 +78,12 @@ class BackendSpec:
     def variants_for(self, kv_format: str) -> tuple:
         """Its variants that exist for `kv_format`, the default first."""
         return tuple(v for v in self.variants if kv_format in self.variant_formats.get(v, (kv_format,)))
+
+
+def serves_paged(name: str, page_size: int) -> bool:
+    """Whether backend `name` has a paged entry point that serves caches of page_size rows a page now."""
+    narrowed = spec(name).paged_page_sizes
+    return hasattr(module(name), "run_paged") and (narrowed is None or narrowed(page_size))
 
 
 def _import(name: str):

@@ -25,6 +25,12 @@ The fused variants are opt-in too (MLA_GFX950_FUSED=1, read when this module is 
 without it the SPEC does not declare them, so neither the planner nor tools/autotune.py offers them; run() still
 runs a plan that names one (as it runs mxfp4 plans), which is how the bring-up measures them.
 
+Sparse top-k decode (mixed_mla/sparse.py's gather route) is opt-in too (MLA_GFX950_SPARSE=1, read on every plan):
+`run_paged` serves a cache of page size 1 through the gather kernels (stage1_gather_{fp8,mxfp4}_occ3: each tile's
+rows read one by one through the block table), which the sparse route feeds its compacted top-k slots; without the
+opt-in the SPEC's `paged_page_sizes` declines every page size, so sparse and paged decodes route as before (torch).
+They have run on emulated lanes only (tests/test_gfx950_sparse.py), never on an MI355X.
+
 The build happens in `available` (the first plan on a device), outside any timed call. These kernels have been
 compiled but not yet executed on an MI355X when written: api.py runs mixed_mla.selfcheck on the first use of each
 self-check key (selfcheck.py states it) and routes a failing one elsewhere.
@@ -53,6 +59,9 @@ FUSED = {"fused_occ2": 2, "fused_occ3": 3, "fused_occ4": 4}   # the same, merge 
 FUSED_FORMATS = ("fp8",)
 FUSED_OPT_IN = "MLA_GFX950_FUSED"              # "1" at import: the SPEC declares the fused variants
 DEFAULT_VARIANT = "occ3"
+SPARSE_OPT_IN = "MLA_GFX950_SPARSE"            # "1": run_paged serves page size 1 (the sparse gather route)
+GATHER_VARIANT = "occ3"                         # the one gather instantiation per format (launch.hip) is this one's
+GATHER_OCCUPANCY = OCCUPANCY[GATHER_VARIANT]    # stage 1 with GATHER set
 ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
 KERNEL_FILES = kernels.BUILDS[KERNEL_DIR].device_files
@@ -156,7 +165,8 @@ SPEC = BackendSpec(
     num_heads=tuple(h for h in SUPPORTED_NUM_HEADS if h % HEAD_GROUP == 0), variants=_VARIANTS,
     variant_formats={v: FUSED_FORMATS for v in FUSED if v in _VARIANTS}, kernel_dir=KERNEL_DIR,
     serves=lambda kv_format: kv_format in served_formats(), workspace=make_workspace,
-    workspace_bytes=workspace_bytes, lse=True)
+    workspace_bytes=workspace_bytes, lse=True,
+    paged_page_sizes=lambda page_size: page_size == 1 and os.environ.get(SPARSE_OPT_IN) == "1")
 # ---- end of the backend declaration ----
 
 
@@ -193,6 +203,29 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
     if disabled(kv_format, variant):
         raise ValueError(f"hip_gfx950 {kv_format}:{variant} is turned off by {DISABLE_ENV} (a hardware probe "
                          f"contradicted a fact its design bets on)")
+    _forward(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, workspace, lse,
+             (FUSED if fused else OCCUPANCY)[variant], fused)
+
+
+def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len,
+              workspace=None, lse=None):
+    """run's output from a cache of one row a page, (N, 1, row): sequence b's position i is cache row
+    block_table[b, i] for i < seq_lens[b], read on the device and clamped to the cache (no sync). The gather kernel
+    (occupancy 3) runs whatever the plan's variant; its split count is the plan's."""
+    if kv_format not in FORMATS:
+        raise ValueError(f"hip_gfx950 reads {' or '.join(FORMATS)} caches, not {kv_format!r}")
+    if kv_cache[0].shape[1] != 1:
+        raise ValueError(f"hip_gfx950's paged entry point reads pages of one row, not {kv_cache[0].shape[1]}")
+    if disabled(kv_format, GATHER_VARIANT):   # the gather kernel bets on what the dense occ3 one bets on
+        raise ValueError(f"hip_gfx950 {kv_format}:{GATHER_VARIANT} is turned off by {DISABLE_ENV}, and with it the "
+                         f"gather kernel")
+    _forward(q, kv_cache, kv_format, qo_indptr, qo_indptr, out, plan, sm_scale, workspace, lse, GATHER_OCCUPANCY,
+             False, (block_table, seq_lens))
+
+
+def _forward(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, workspace, lse, occupancy, fused,
+             pages=None):
+    """One binding call; pages: (block_table, seq_lens) of the gather form, None for the dense one."""
     if workspace is None:
         workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
     elif q.shape[0] > workspace.max_total_q:
@@ -200,7 +233,8 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
                          f"plan again")
     data, aux = kv_cache
     kv_bytes = as_uint8(data).reshape(-1, ROW_BYTES[kv_format])
-    aux = aux if kv_format == "fp8" else as_uint8(aux)
+    aux = aux if kv_format == "fp8" else as_uint8(aux).reshape(-1, aux.shape[-1])
+    block_table, seq_lens = pages if pages is not None else (cuda_sm90._empty(q.device, torch.int32),) * 2
     _module().forward(q, kv_bytes, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
-                      workspace.error_flag, workspace.split_counters, lse, workspace.splits,
-                      (FUSED if fused else OCCUPANCY)[variant], fused, KV_FORMAT_CODES[kv_format], float(sm_scale))
+                      workspace.error_flag, workspace.split_counters, lse, workspace.splits, occupancy, fused,
+                      KV_FORMAT_CODES[kv_format], float(sm_scale), block_table, seq_lens)

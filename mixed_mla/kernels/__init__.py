@@ -69,7 +69,8 @@ class KernelBuild:
 SM90_ARCH_FLAGS = ("-gencode=arch=compute_90a,code=sm_90a",)
 GFX950_FILES = ("stage1_fp8_occ2.hip", "stage1_fp8_occ3.hip", "stage1_fp8_occ4.hip", "stage1_mxfp4_occ2.hip",
                 "stage1_mxfp4_occ3.hip", "stage1_mxfp4_occ4.hip", "stage1_fused_fp8_occ2.hip",
-                "stage1_fused_fp8_occ3.hip", "stage1_fused_fp8_occ4.hip", "merge.hip", "indptr_guard.hip",
+                "stage1_fused_fp8_occ3.hip", "stage1_fused_fp8_occ4.hip", "stage1_gather_fp8_occ3.hip",
+                "stage1_gather_mxfp4_occ3.hip", "merge.hip", "indptr_guard.hip",
                 "launch.hip")
 BUILDS = {build.kernel_dir: build for build in (
     KernelBuild("sm90/decode", ("decode.cu",), "cuda", "sm_90a", SM90_ARCH_FLAGS, implicit_headers=False),

@@ -8,7 +8,7 @@
 #include "params.h"
 
 namespace mla_gfx950 {
-int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, void* stream);
+int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, bool gather, void* stream);
 int launch_indptr_guard(const IndptrGuardParams& p, void* stream);
 }
 
@@ -20,10 +20,13 @@ using mla_binding::bytes_of;
 // touched when num_splits > 1. error_flag: int32 (2,), the device's indptr violation flag (validate.py).
 // arrivals: int32 (>= total_q * H / 16,), zero, for a fused kernel with num_splits > 1 (left zero after the call);
 // lse: None, or float32 (total_q, H) contiguous, receiving the natural-log log-sum-exp of every row and head.
+// block_table (batch, max_pages) int32 with contiguous rows and seq_lens (batch,) int32: the gather form (params.h:
+// a page-size-1 block table; kv_indptr is then unused, occupancy 3, not fused); both empty: the dense form.
 void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Tensor qo_indptr,
              torch::Tensor kv_indptr, torch::Tensor out, torch::Tensor partial_out, torch::Tensor partial_lse,
              torch::Tensor error_flag, torch::Tensor arrivals, c10::optional<torch::Tensor> lse, int64_t num_splits,
-             int64_t occupancy, bool fused, int64_t kv_format, double sm_scale) {
+             int64_t occupancy, bool fused, int64_t kv_format, double sm_scale, torch::Tensor block_table,
+             torch::Tensor seq_lens) {
   const bool fp8 = kv_format == mla_gfx950::kFormatFp8;
   TORCH_CHECK(fp8 || kv_format == mla_gfx950::kFormatMxfp4, "hip_gfx950 reads fp8 (", mla_gfx950::kFormatFp8,
               ") or mxfp4 (", mla_gfx950::kFormatMxfp4, ") caches, got format code ", kv_format);
@@ -51,6 +54,14 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
                 lse->dim() == 2 && lse->size(0) == q.size(0) && lse->size(1) == q.size(1),
                 "lse must be float32 (total_q, H), contiguous, on q's device");
   const int64_t num_rows = kv.numel() / (fp8 ? 576 : 288);
+  const bool gather = block_table.numel() > 0;
+  if (gather)
+    TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&
+                block_table.size(0) == qo_indptr.numel() - 1 && block_table.device() == q.device() &&
+                seq_lens.scalar_type() == at::kInt && seq_lens.is_contiguous() && seq_lens.device() == q.device() &&
+                seq_lens.numel() == block_table.size(0) && num_rows >= 1 && occupancy == 3 && !fused,
+                "the gather form takes block_table (batch, max_pages) and seq_lens (batch,) int32 on q's device, "
+                "a cache of >= 1 row, occupancy 3, not fused");
   if (fp8) {
     TORCH_CHECK(kv_aux.scalar_type() == at::kFloat && kv_aux.numel() == 1, "fp8 scale must be float32 (1,)");
   } else {
@@ -78,7 +89,13 @@ void forward(torch::Tensor q, torch::Tensor kv, torch::Tensor kv_aux, torch::Ten
   p.num_kv_rows = (int)num_rows;
   p.lse = lse.has_value() ? lse->data_ptr<float>() : nullptr;
   p.arrivals = fused && num_splits > 1 ? arrivals.data_ptr<int32_t>() : nullptr;
-  const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy, fused,
+  if (gather) {
+    p.block_table = block_table.data_ptr<int32_t>();
+    p.seq_lens = seq_lens.data_ptr<int32_t>();
+    p.block_table_stride = block_table.stride(0);
+    p.max_pages = (int)block_table.size(1);
+  }
+  const int err = mla_gfx950::launch_decode(p, (int)kv_format, (int)occupancy, fused, gather,
                                             c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
   TORCH_CHECK(err == 0, "hip_gfx950 launch failed with hipError ", err);
 }

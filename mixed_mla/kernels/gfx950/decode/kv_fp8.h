@@ -18,10 +18,11 @@ struct Fp8Cache {
   __device__ static TilePiece chunk_piece(int chunk, int lane) {
     return tile_piece(chunk * LOAD_CHUNK_BYTES + lane * 16, FP8_ROW_BYTES);
   }
+  template <bool GATHER>
   __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, TilePiece piece,
-                                    int first_row, int last_row) {
-    const uint8_t* src = tile_rows(p.kv, first_row, FP8_ROW_BYTES) + tile_piece_offset(piece, last_row, FP8_ROW_BYTES);
-    __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
+                                    const TileSource& src) {
+    const uint8_t* from = piece_address<GATHER>(p.kv, src, piece, FP8_ROW_BYTES);
+    __builtin_amdgcn_global_load_lds((global_void*)from, (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
   }
 
   __device__ static v4f qk_step(const uint8_t* tile, int token, int step, int g, v8i q, v4f acc) {

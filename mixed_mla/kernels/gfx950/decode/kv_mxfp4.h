@@ -22,16 +22,15 @@ struct Mxfp4Cache {
     return chunk < FP4_PACKED_TILE_CHUNKS ? tile_piece(chunk * LOAD_CHUNK_BYTES + lane * 16, FP4_ROW_BYTES)
                                           : tile_piece(lane * FP4_SCALE_PIECE_BYTES, FP4_SCALE_ROW_BYTES);
   }
+  template <bool GATHER>
   __device__ static void load_chunk(const DecodeParams& p, uint8_t* lds_tile, int chunk, TilePiece piece,
-                                    int first_row, int last_row) {
+                                    const TileSource& src) {
     if (chunk < FP4_PACKED_TILE_CHUNKS) {
-      const uint8_t* src =
-          tile_rows(p.kv, first_row, FP4_ROW_BYTES) + tile_piece_offset(piece, last_row, FP4_ROW_BYTES);
-      __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
+      const uint8_t* from = piece_address<GATHER>(p.kv, src, piece, FP4_ROW_BYTES);
+      __builtin_amdgcn_global_load_lds((global_void*)from, (lds_void*)(lds_tile + chunk * LOAD_CHUNK_BYTES), 16, 0, 0);
     } else {
-      const uint8_t* src = tile_rows(p.kv_block_scales, first_row, FP4_SCALE_ROW_BYTES) +
-                           tile_piece_offset(piece, last_row, FP4_SCALE_ROW_BYTES);
-      __builtin_amdgcn_global_load_lds((global_void*)src, (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES),
+      const uint8_t* from = piece_address<GATHER>(p.kv_block_scales, src, piece, FP4_SCALE_ROW_BYTES);
+      __builtin_amdgcn_global_load_lds((global_void*)from, (lds_void*)(lds_tile + FP4_PACKED_TILE_BYTES),
                                        FP4_SCALE_PIECE_BYTES, 0, 0);
     }
   }

@@ -18,6 +18,8 @@ __global__ void stage1_mxfp4_occ4(mla_gfx950::DecodeParams);
 __global__ void stage1_fused_fp8_occ2(mla_gfx950::DecodeParams);
 __global__ void stage1_fused_fp8_occ3(mla_gfx950::DecodeParams);
 __global__ void stage1_fused_fp8_occ4(mla_gfx950::DecodeParams);
+__global__ void stage1_gather_fp8_occ3(mla_gfx950::DecodeParams);
+__global__ void stage1_gather_mxfp4_occ3(mla_gfx950::DecodeParams);
 __global__ void merge_splits(mla_gfx950::DecodeParams);
 __global__ void indptr_guard(mla_gfx950::IndptrGuardParams);
 }
@@ -26,13 +28,14 @@ namespace mla_gfx950 {
 
 // format: a KvFormat code (config.h: kFormatFp8 or kFormatMxfp4); occupancy: 2, 3 or 4 (workgroups per CU);
 // fused: the single-launch kernel (fp8 only; p.arrivals zeroed counters when p.num_splits > 1).
+// gather: the rows come through p.block_table (params.h; occupancy 3, not fused: one gather instantiation a format).
 // Returns a hipError_t as int (hipErrorInvalidValue for a format or occupancy without a kernel).
 // Kernels are launched by name (a switch, not a table of pointers): the launch macro wants the kernel itself.
-int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, void* stream) {
+int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, bool gather, void* stream) {
   hipStream_t s = static_cast<hipStream_t>(stream);
   const dim3 grid(p.num_splits, p.total_q, p.num_heads / HEAD_GROUP), block(THREADS);
-  constexpr int FUSED_KEY = 100;
-  switch ((fused ? FUSED_KEY : 0) + format * 10 + occupancy) {
+  constexpr int FUSED_KEY = 100, GATHER_KEY = 200;
+  switch ((fused ? FUSED_KEY : 0) + (gather ? GATHER_KEY : 0) + format * 10 + occupancy) {
     case kFormatFp8 * 10 + 2: hipLaunchKernelGGL(stage1_fp8_occ2, grid, block, 0, s, p); break;
     case kFormatFp8 * 10 + 3: hipLaunchKernelGGL(stage1_fp8_occ3, grid, block, 0, s, p); break;
     case kFormatFp8 * 10 + 4: hipLaunchKernelGGL(stage1_fp8_occ4, grid, block, 0, s, p); break;
@@ -42,6 +45,10 @@ int launch_decode(const DecodeParams& p, int format, int occupancy, bool fused, 
     case FUSED_KEY + kFormatFp8 * 10 + 2: hipLaunchKernelGGL(stage1_fused_fp8_occ2, grid, block, 0, s, p); break;
     case FUSED_KEY + kFormatFp8 * 10 + 3: hipLaunchKernelGGL(stage1_fused_fp8_occ3, grid, block, 0, s, p); break;
     case FUSED_KEY + kFormatFp8 * 10 + 4: hipLaunchKernelGGL(stage1_fused_fp8_occ4, grid, block, 0, s, p); break;
+    case GATHER_KEY + kFormatFp8 * 10 + 3: hipLaunchKernelGGL(stage1_gather_fp8_occ3, grid, block, 0, s, p); break;
+    case GATHER_KEY + kFormatMxfp4 * 10 + 3:
+      hipLaunchKernelGGL(stage1_gather_mxfp4_occ3, grid, block, 0, s, p);
+      break;
     default: return (int)hipErrorInvalidValue;
   }
   if (p.num_splits > 1 && !fused)

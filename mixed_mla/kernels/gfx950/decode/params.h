@@ -23,6 +23,13 @@ struct DecodeParams {
   int64_t out_row_stride, out_head_stride;  // elements
   int total_q, num_heads, batch, num_kv_rows, num_splits;
   float sm_scale_log2;             // sm_scale * log2(e): scores are kept in log2 units for exp2
+  // The gather form (stage1's GATHER instantiations; nullptr otherwise): a page-size-1 block table, what the sparse
+  // route feeds (mixed_mla/sparse.py). Position i of segment b is cache row block_table[b * block_table_stride + i]
+  // for i < seq_lens[b] (clamped to 0 .. max_pages, each row clamped to the cache); kv_indptr is unused.
+  const int32_t* block_table;      // (batch, >= max_pages)
+  const int32_t* seq_lens;         // (batch,)
+  int64_t block_table_stride;      // elements
+  int max_pages;
 };
 
 // The aiter route's indptr guard (indptr_guard.hip; mixed_mla/backends/aiter_mla.py guard_indptr).

@@ -60,6 +60,7 @@ __device__ inline void workgroup_sync() {
 __device__ inline float lane_read(float v, int src) {
   return __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute(src << 2, __builtin_bit_cast(int, v)));
 }
+__device__ inline int lane_read_int(int v, int src) { return __builtin_amdgcn_ds_bpermute(src << 2, v); }
 __device__ inline float lane_xor(float v, int mask) { return lane_read(v, lane_id() ^ mask); }
 
 // Make a value wave-uniform so the compiler keeps it (and what is derived from it) in SGPRs.

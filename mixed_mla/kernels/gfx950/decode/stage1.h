@@ -29,14 +29,17 @@ __device__ inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : (v
 __device__ inline int min_int(int a, int b) { return a < b ? a : b; }
 
 // Records in p.error_flag whether segment `seg`'s indptr entries break the rules (validate.py): both arrays start
-// at 0 and never decrease, qo_indptr ends at total_q, kv_indptr within the cache. The sm90 kernels' rule
-// (sm90/decode/decode_split.cuh record_indptr_violation); one thread per segment calls it. Only reads, in bounds.
+// at 0 and never decrease, qo_indptr ends at total_q, kv_indptr within the cache (GATHER: seq_lens[seg] within
+// 0 .. max_pages). The sm90 kernels' rule (sm90/decode/decode_split.cuh record_indptr_violation); one thread per
+// segment calls it. Only reads, in bounds.
+template <bool GATHER>
 __device__ inline void record_indptr_violation(const DecodeParams& p, int seg) {
   const int qo_lo = p.qo_indptr[seg], qo_hi = p.qo_indptr[seg + 1];
-  const int kv_lo = p.kv_indptr[seg], kv_hi = p.kv_indptr[seg + 1];
+  const int kv_lo = GATHER ? 0 : p.kv_indptr[seg], kv_hi = GATHER ? p.seq_lens[seg] : p.kv_indptr[seg + 1];
   const bool bad_qo = qo_lo < 0 || qo_hi < qo_lo || qo_hi > p.total_q || (seg == 0 && qo_lo != 0) ||
                       (seg == p.batch - 1 && qo_hi != p.total_q);
-  const bool bad_kv = kv_lo < 0 || kv_hi < kv_lo || kv_hi > p.num_kv_rows || (seg == 0 && kv_lo != 0);
+  const bool bad_kv = kv_lo < 0 || kv_hi < kv_lo || kv_hi > (GATHER ? p.max_pages : p.num_kv_rows) ||
+                      (seg == 0 && kv_lo != 0);
   if (bad_qo || bad_kv) {
     atomic_or(p.error_flag, (bad_qo ? kBadQoIndptr : 0) | (bad_kv ? kBadKvIndptr : 0));
     atomic_min(p.error_flag + 1, seg);
@@ -45,14 +48,16 @@ __device__ inline void record_indptr_violation(const DecodeParams& p, int seg) {
 
 // The KV rows query row `t` attends: segment start and number of visible positions (the causal MTP rule of
 // docs/problem.md). Every indptr entry is clamped to the tensors' extents, so garbage contents cannot read out of
-// bounds.
+// bounds. GATHER: positions 0 .. seq_lens[b] (clamped to max_pages) of the segment's block-table row `table`.
 struct RowWork {
   int kv_begin;
   int kv_len;  // 0: the row outputs zeros
+  const int32_t* table;  // GATHER: the segment's block-table row; nullptr otherwise
 };
 
+template <bool GATHER>
 __device__ inline RowWork row_work(const DecodeParams& p, int t) {
-  RowWork w{0, 0};
+  RowWork w{0, 0, nullptr};
   if (p.batch <= 0) return w;
   int lo = 0, hi = p.batch - 1;  // last segment b with qo_indptr[b] <= t
   while (lo < hi) {
@@ -61,9 +66,11 @@ __device__ inline RowWork row_work(const DecodeParams& p, int t) {
   }
   const int q_begin = clamp_int(p.qo_indptr[lo], 0, p.total_q);
   const int q_end = clamp_int(p.qo_indptr[lo + 1], q_begin, p.total_q);
-  const int kv_begin = clamp_int(p.kv_indptr[lo], 0, p.num_kv_rows);
-  const int kv_end = clamp_int(p.kv_indptr[lo + 1], kv_begin, p.num_kv_rows);
+  const int kv_begin = GATHER ? 0 : clamp_int(p.kv_indptr[lo], 0, p.num_kv_rows);
+  const int kv_end = GATHER ? clamp_int(p.seq_lens[lo], 0, p.max_pages)
+                            : clamp_int(p.kv_indptr[lo + 1], kv_begin, p.num_kv_rows);
   w.kv_begin = kv_begin;
+  if (GATHER) w.table = p.block_table + lo * p.block_table_stride;
   if (t >= q_begin && t < q_end) {
     const int visible = (kv_end - kv_begin) - (q_end - q_begin) + (t - q_begin) + 1;
     w.kv_len = clamp_int(visible, 0, kv_end - kv_begin);
@@ -146,15 +153,15 @@ __device__ inline WaveChunks<Cache> wave_chunks(int wave, int lane) {
   return chunks;
 }
 
-// Issues this wave's chunks of the tile whose first KV row is first_row (pieces past the segment's last visible
-// row, rows_end - 1, are redirected onto it: kv_rows.h).
-template <class Cache>
+// Issues this wave's chunks of the tile `src` (pieces past the segment's last visible row are redirected onto it:
+// kv_rows.h).
+template <class Cache, bool GATHER>
 __device__ inline void issue_tile(const DecodeParams& p, const WaveChunks<Cache>& chunks, uint8_t* lds_tile,
-                                  int first_row, int rows_end, int wave) {
+                                  const TileSource& src, int wave) {
 #pragma unroll
   for (int k = 0; k < WaveChunks<Cache>::MAX; ++k)
     if (k < WaveChunks<Cache>::MAX - 1 || wave + WAVES * k < Cache::TILE_CHUNKS)  // only the last may be missing
-      Cache::load_chunk(p, lds_tile, wave + WAVES * k, chunks.piece[k], first_row, rows_end - 1 - first_row);
+      Cache::template load_chunk<GATHER>(p, lds_tile, wave + WAVES * k, chunks.piece[k], src);
 }
 
 // Waits until this wave's chunks of the tile about to be read have landed, leaving `ahead` later tiles in
@@ -215,7 +222,9 @@ __device__ inline void pv_column_pair(v8bf pa, const unsigned (&raw)[PV_TOKENS_P
 
 // FUSED: with more than one split, the last workgroup of a (row, head group) to finish merges the splits itself
 // (fused_merge.h) instead of leaving that to merge.hip's second launch.
-template <class Cache, int OCC, bool FUSED = false>
+// GATHER: the KV rows come through p.block_table (params.h), each tile's rows gathered one by one (kv_rows.h
+// TileSource); the splits cut the segment's positions as they cut a dense segment's rows.
+template <class Cache, int OCC, bool FUSED = false, bool GATHER = false>
 __device__ inline void stage1(const DecodeParams& p) {
   constexpr int NB = buffers_for_occupancy(OCC);
   constexpr bool Q_IN_LDS = q_in_lds(OCC);
@@ -229,8 +238,8 @@ __device__ inline void stage1(const DecodeParams& p) {
   // The grid has no segment axis: thread 0 of the (split 0, head group 0) workgroup of row t checks segments
   // t, t + total_q, ..., so each segment is checked once by one thread whatever the indptr holds.
   if (split == 0 && head_group == 0 && thread_id() == 0)
-    for (int seg = t; seg < p.batch; seg += p.total_q) record_indptr_violation(p, seg);
-  const RowWork rw = row_work(p, t);
+    for (int seg = t; seg < p.batch; seg += p.total_q) record_indptr_violation<GATHER>(p, seg);
+  const RowWork rw = row_work<GATHER>(p, t);
   const int num_tiles = (rw.kv_len + TILE_TOKENS - 1) / TILE_TOKENS;
   const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
   const int tile_begin = split * per_split;
@@ -244,10 +253,25 @@ __device__ inline void stage1(const DecodeParams& p) {
   if (count > 0) {
     const int rows_end = rw.kv_begin + rw.kv_len;
     const WaveChunks<Cache> chunks = wave_chunks<Cache>(wave, lane);
+    // Tile k of this split (its rows: TileSource). GATHER reads tile k's table entries before issuing tile k - 1
+    // (next_rows), so the wait the compiler puts before tile k's issue, for those entries, leaves k - 1 in flight.
+    auto source = [&](int k, int lane_row) {
+      const int first = rw.kv_begin + (tile_begin + k) * TILE_TOKENS;
+      return TileSource{first, rows_end - 1 - first, lane_row};
+    };
+    auto lane_row_of = [&](int k) {
+      if (!GATHER || k >= count) return 0;
+      const TileSource s = source(k, 0);
+      return gathered_lane_row(rw.table, s.first, s.last_row, p.num_kv_rows, lane);
+    };
+    int next_rows = lane_row_of(0);
+    auto issue = [&](int k) {
+      const int rows = next_rows;
+      next_rows = lane_row_of(k + 1);
+      issue_tile<Cache, GATHER>(p, chunks, lds + (k % NB) * Cache::TILE_BYTES, source(k, rows), wave);
+    };
     // the first tiles are in flight while Q is loaded and quantised
-    for (int k = 0; k < NB - 1 && k < count; ++k)
-      issue_tile<Cache>(p, chunks, lds + k * Cache::TILE_BYTES, rw.kv_begin + (tile_begin + k) * TILE_TOKENS,
-                        rows_end, wave);
+    for (int k = 0; k < NB - 1 && k < count; ++k) issue(k);
     const QFragment q = load_q_fp8<Cache::Q_ORDER>(p, t, head_group * HEAD_GROUP + n, g);
     const float mult = q.inv_scale * Cache::value_scale(p) * p.sm_scale_log2;
     if (Q_IN_LDS) {  // wave 0 stores Q once for all four; no tile is in flight here (one buffer)
@@ -257,9 +281,7 @@ __device__ inline void stage1(const DecodeParams& p) {
       workgroup_sync();
     }
     for (int i = 0; i < count; ++i) {
-      if (i + NB - 1 < count)
-        issue_tile<Cache>(p, chunks, lds + ((i + NB - 1) % NB) * Cache::TILE_BYTES,
-                          rw.kv_begin + (tile_begin + i + NB - 1) * TILE_TOKENS, rows_end, wave);
+      if (i + NB - 1 < count) issue(i + NB - 1);
       wait_tile<Cache>(min_int(NB - 1, count - 1 - i), wave);
       barrier();
       const uint8_t* tile = lds + (i % NB) * Cache::TILE_BYTES;
