@@ -80,6 +80,17 @@ def _bound(kv_format: str, sm_scale: float) -> float:
 SCALES = {"default": DEFAULT_SM_SCALE, "yarn": exact.DEEPSEEK_YARN_SM_SCALE, "flat": exact.FLAT_SM_SCALE}
 
 
+def _mutated_kernels(tmp_path, relpath: str, old: str, new: str, count: int = 1):
+    """The emulator library of the gfx950 kernels with `old` (found `count` times) replaced by `new` in `relpath`."""
+    src = tmp_path / "gfx950"
+    shutil.copytree(materialize("gfx950"), src)
+    path = src / relpath
+    text = path.read_text()
+    assert text.count(old) == count
+    path.write_text(text.replace(old, new))
+    return lanes.build(src, tmp_path)
+
+
 def test_mirrored_constants_match_the_kernel_config():
     text = CONFIG_H.read_text()
     for name, value in (("TILE_TOKENS", hip_twin.TILE_TOKENS), ("Q_AMAX_EXPONENT", hip_twin.Q_AMAX_EXPONENT),
@@ -194,13 +205,7 @@ def test_kernel_source_on_cpu_lanes_at_the_callers_scale(lane_emulator, kv_forma
 def test_the_emulator_catches_a_kernel_that_ignores_sm_scale(tmp_path, ziglang):
     # the kernels with the caller's scale replaced by the problem's (a constant folded in): right at 1/sqrt(576),
     # which is all any gfx950 check ran before, and refused at DeepSeek's scale and a flat one
-    src = tmp_path / "gfx950"
-    shutil.copytree(materialize("gfx950"), src)
-    stage1 = src / "decode/stage1.h"
-    text = stage1.read_text()
-    assert text.count("p.sm_scale_log2") == 1
-    stage1.write_text(text.replace("p.sm_scale_log2", f"{DEFAULT_SM_SCALE * hip_twin.LOG2E!r}f"))
-    lib = lanes.build(src, tmp_path)
+    lib = _mutated_kernels(tmp_path, "decode/stage1.h", "p.sm_scale_log2", f"{DEFAULT_SM_SCALE * hip_twin.LOG2E!r}f")
     q, cache, qo, kvp = _poisoned_inputs("fp8")
     for name, sm_scale in SCALES.items():
         error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=3, occupancy=3, sm_scale=sm_scale)
@@ -290,13 +295,7 @@ def test_the_emulator_catches_an_out_of_bounds_load(lane_emulator):
 
 def test_the_emulator_catches_a_missing_load_wait(tmp_path, ziglang):
     # the same kernels with the wait before reading a tile disabled: loads still in flight leave stale LDS
-    src = tmp_path / "gfx950"
-    shutil.copytree(materialize("gfx950"), src)
-    stage1 = src / "decode/stage1.h"
-    text = stage1.read_text()
-    assert text.count("MLA_WAIT_VMCNT(0);") == 1
-    stage1.write_text(text.replace("MLA_WAIT_VMCNT(0);", "MLA_WAIT_VMCNT(63);"))
-    lib = lanes.build(src, tmp_path)
+    lib = _mutated_kernels(tmp_path, "decode/stage1.h", "MLA_WAIT_VMCNT(0);", "MLA_WAIT_VMCNT(63);")
     q, cache, qo, kvp = _poisoned_inputs("fp8")
     error, out = _run_lanes(lib, q, cache, "fp8", qo, kvp, num_splits=1, occupancy=4)
     assert not error
@@ -429,14 +428,8 @@ def test_fused_kernel_fails_on_a_counter_left_non_zero(lane_emulator):
 def test_the_emulator_catches_a_missing_release_fence(tmp_path, ziglang):
     # the fused kernels with the agent-scope release fence removed: the partials are stored but never released
     # before the arrival, so the last arriver may not see them (visibility.h); the model must make that fail
-    src = tmp_path / "gfx950"
-    shutil.copytree(materialize("gfx950"), src)
-    fused_merge = src / "decode/fused_merge.h"
-    text = fused_merge.read_text()
     release = '__builtin_amdgcn_fence(__ATOMIC_RELEASE, "agent");'
-    assert text.count(release) == 1
-    fused_merge.write_text(text.replace(release, ""))
-    lib = lanes.build(src, tmp_path)
+    lib = _mutated_kernels(tmp_path, "decode/fused_merge.h", release, "")
     q, cache, qo, kvp = _inputs(Layout(((1, 300), (2, 90)), num_splits=4, seed=5), "fp8")
     error, out = _fused_run(lib, q, cache, qo, kvp, 4, 3)
     assert not error
@@ -448,14 +441,8 @@ def test_the_emulator_catches_occ4s_q_handed_over_without_an_lds_wait(tmp_path, 
     # occ4 as it was: wave 0 stores Q in LDS and the loop's bare s_barrier hands it to the other waves with no
     # s_waitcnt lgkmcnt(0) (s_barrier does not wait for LDS stores: lds.barrier_visibility), so they may read it
     # before it lands; the emulator poisons such stores at the barrier and the output must fail the bound
-    src = tmp_path / "gfx950"
-    shutil.copytree(materialize("gfx950"), src)
-    stage1 = src / "decode/stage1.h"
-    text = stage1.read_text()
     handoff = "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n      workgroup_sync();\n"
-    assert text.count(handoff) == 1
-    stage1.write_text(text.replace(handoff, "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n"))
-    lib = lanes.build(src, tmp_path)
+    lib = _mutated_kernels(tmp_path, "decode/stage1.h", handoff, "q_lds[step * WAVE_SIZE + lane] = q.step[step];\n")
     q, cache, qo, kvp = _poisoned_inputs(kv_format)
     error, out = _run_lanes(lib, q, cache, kv_format, qo, kvp, num_splits=3, occupancy=4)
     assert not error
@@ -478,13 +465,7 @@ def test_the_emulator_counts_every_vector_memory_operation_in_vmcnt(lane_emulato
 def test_the_emulator_catches_the_indptr_guards_scan_handed_over_without_an_lds_wait(tmp_path, ziglang):
     # the indptr guard as it was: its max-scan stored in LDS and read by other waves after bare s_barriers; the
     # poisoned hand-off loses the running max, so a decreasing entry is neither restored nor flagged
-    src = tmp_path / "gfx950"
-    shutil.copytree(materialize("gfx950"), src)
-    guard = src / "decode/indptr_guard.hip"
-    text = guard.read_text()
-    assert text.count("workgroup_sync();") == 4
-    guard.write_text(text.replace("workgroup_sync();", "barrier();"))
-    lib = lanes.build(src, tmp_path)
+    lib = _mutated_kernels(tmp_path, "decode/indptr_guard.hip", "workgroup_sync();", "barrier();", 4)
     qo = torch.arange(0, 701, dtype=torch.int32)
     kv = torch.arange(0, 701 * 5, 5, dtype=torch.int32)
     kv[300] = 10
