@@ -8,7 +8,7 @@ grid is exact_formats.E4M3FN_TABLE, rounded to nearest, ties to the even code):
 - hip_gfx950 (fp8 and mxfp4 caches): each (row, head) of Q is multiplied by 2^s, s = min(8 - e, 64) where amax of
   its 576 values is m * 2^e with m in [0.5, 1) (0 gives e = 0), which puts amax in [128, 256); each value is then
   rounded to e4m3fn to nearest even, and the scores are multiplied back by 2^-s (kernels/gfx950/decode/stage1.h
-  load_q_fp8; config.h Q_AMAX_EXPONENT 8, Q_MAX_SHIFT 64; emulator/gfx950/facts.py cvt_pk_fp8_f32: nearest even).
+  load_q_fp8; config.h Q_AMAX_EXPONENT 8, Q_MAX_SHIFT 64; the gfx950 fact base's cvt_pk_fp8_f32: nearest even).
   The scaling is exact, so the values multiplied are e4m3fn(q * 2^s) * 2^-s.
 - aiter with an fp8 cache: one per-tensor scale, by the leaderboard reference's recipe (reference.py quantize_fp8;
   the route's aiter_mla.quantize_q_per_tensor does it op for op): scale = bf16(max(amax, 1e-12) / 448), the

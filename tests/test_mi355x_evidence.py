@@ -46,7 +46,7 @@ def test_the_planner_grants_c_exactly_where_this_file_runs_the_emulator():
 
 
 @pytest.mark.parametrize("key", list(RUN_HERE), ids=[_name(key) for key in RUN_HERE])
-def test_table_entry_runs_under_the_emulator(lane_emulator, key):
+def test_table_entry_runs_on_cpu_lanes(lane_emulator, key):
     batch, q_len, kv_len, num_heads = key
     variant, splits = RUN_HERE[key]
     q, kv_data, qo, kvp, config = reference.generate_input(batch, q_len, kv_len, SEED)

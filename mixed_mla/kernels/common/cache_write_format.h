@@ -38,7 +38,7 @@ constexpr int kE8m0Bias = 127;
 constexpr int kE8m0MinExponent = -127, kE8m0MaxExponent = 127;
 
 // The one struct every pointer, stride and size of a cache write travels in (cache_write_binding.h fills it; the
-// gfx950 CPU-lane runner, emulator/gfx950/lanes.py, mirrors it).
+// gfx950 CPU-lane runner of the tests mirrors it).
 struct CacheWriteParams {
   const uint16_t* kv_c;         // bf16 bits, (>= num_rows, 512), element strides below
   int64_t kv_c_row_stride, kv_c_col_stride;
