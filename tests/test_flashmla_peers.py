@@ -1,8 +1,13 @@
 """The FlashMLA peers (benchmarks/peers/flashmla.py, vllm_flashmla_fp8.py) without a GPU or a staged build: they
-say why they cannot run instead of failing, and the paged view they read is our cache unchanged."""
+say why they cannot run instead of failing, and the paged view they read is our cache unchanged; the sparse peer's
+staging builds the module, under the names, that benchmarks/sparse_decode.py imports."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
+from benchmarks import sparse_decode
 from benchmarks.inputs import make_inputs
 from benchmarks.peers import PEERS, STAGED_PEERS, flashmla, flashmla_pages, implementations, vllm_flashmla_fp8
 from benchmarks.shapes import Shape
@@ -62,3 +67,17 @@ def test_keep_output_points_the_set_at_the_peer_s_output():
     assert inputs.out.shape == (2, 16, 512) and inputs.out.data_ptr() == theirs.data_ptr()
     with pytest.raises(RuntimeError):
         flashmla_pages.keep_output(inputs, torch.ones(2, 1, 16, 256, dtype=torch.bfloat16))
+
+
+def test_the_sparse_staging_builds_what_the_sparse_benchmark_imports():
+    peers = Path(__file__).parents[1] / "benchmarks" / "peers"
+    script = (peers / "stage_flashmla.sh").read_text()
+    binding = (peers / "flashmla_sparse_binding.cpp").read_text()
+    package, module = sparse_decode.FLASHMLA_MODULE.split(".")
+    assert re.search(rf'build "FlashMLA sparse" .* {package} "{module}\$EXT_SUFFIX"', script)
+    assert "$SPARSE_BINDING" in script and all(f"v32_persistent_h{h}.cu" in script for h in (64, 128))
+    assert f"PYBIND11_MODULE({module}, module)" in binding and 'module.def("sparse_decode_fwd"' in binding
+    # the sm90 path alone: FlashMLA's entry point (which dispatches to sm100 too) and sm100 headers stay out
+    includes = "".join(re.findall(r"#include .*", binding))
+    assert "sm100" not in includes and "api/sparse_decode.h" not in includes
+    assert "flash_mla_sparse_sm90.tar.xz" in (peers / "run_on_h200.sh").read_text()

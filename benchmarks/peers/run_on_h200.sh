@@ -4,7 +4,8 @@
 # autotuner when tools/autotune.py exists (it writes mixed_mla/tables/h200.json, which the bench's plans then
 # use), then the benchmark. Arguments go to `python -m benchmarks`; AUTOTUNE_ARGS to the autotuner, bounded by
 # AUTOTUNE_TIMEOUT seconds (AUTOTUNE=0 skips it). Outputs (table.md, results.json, env.json, sweep.png, logs,
-# h200.json) go to $OUT, by default benchmarks/results/peers/ (replaced).
+# h200.json) go to $OUT, by default benchmarks/results/peers/ (replaced). SPARSE=1 then runs
+# benchmarks/sparse_decode.py beside FlashMLA's staged sparse decode (SPARSE_ARGS its arguments) into $OUT/sparse.
 #   OUT=$OUT MLA_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/peers/run_on_h200.sh
 set -uo pipefail
 if [ -z "${OUT:-}" ]; then
@@ -24,7 +25,7 @@ if [ -f "$STAGE/flashinfer_mla_sm90.tar.xz" ]; then
 else
     echo "no staged FlashInfer in $STAGE: the table will say it is not importable"
 fi
-for archive in flash_mla_dense_sm90.tar.xz vllm_flashmla_fp8_sm90.tar.xz; do
+for archive in flash_mla_dense_sm90.tar.xz flash_mla_sparse_sm90.tar.xz vllm_flashmla_fp8_sm90.tar.xz; do
     if [ -f "$FLASHMLA_STAGE/$archive" ]; then
         tar -xJf "$FLASHMLA_STAGE/$archive" -C "$SITE"
     else
@@ -42,3 +43,6 @@ if [ "${AUTOTUNE:-1}" = 1 ] && [ -f tools/autotune.py ]; then
     find ~/.cache/torch_extensions -name lock -delete 2>/dev/null
 fi
 python3 -m benchmarks --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+if [ "${SPARSE:-0}" = 1 ]; then
+    python3 -m benchmarks.sparse_decode --out "$OUT/sparse" ${SPARSE_ARGS:-} 2>&1 | tee "$OUT/sparse.log"
+fi

@@ -7,6 +7,12 @@
 #     Built: its dense decode, scheduler and combine kernels (bf16 only: FLASH_MLA_DISABLE_FP16) with our
 #     flashmla_dense_binding.cpp in place of its api.cpp, which also binds the sparse and sm100 kernels.
 #     -> .whl/flashmla/flash_mla_dense_sm90.tar.xz: the flash_mla package (its two Python files + cuda.*.so)
+#   FlashMLA's sparse fp8 Hopper decode (DeepSeek-V3.2's 656-byte rows, top-k indices; 64 and 128 heads) at the
+#     same commit: csrc/sm90/decode/sparse_fp8's v32_persistent_h64/h128 instantiations with the dense build's
+#     scheduler and combine objects, and our flashmla_sparse_binding.cpp (FlashMLA's sparse entry point also
+#     dispatches to its sm100 kernels, left out here).
+#     -> .whl/flashmla/flash_mla_sparse_sm90.tar.xz: flash_mla_sparse/cuda.*.so (a namespace package of its own,
+#        beside the dense flash_mla; benchmarks/sparse_decode.py imports it)
 #   vLLM's dense fp8 MLA decode, vllm-project/FlashMLA ${VLLM_FLASHMLA_COMMIT} (its main, 2025-10-22):
 #     csrc/extension/sm90/dense_fp8, built as vLLM's CMake builds it (the four sources of its
 #     _flashmla_extension_C target), fp8 e4m3 Q and KV with per-tensor descales, page size 64.
@@ -22,8 +28,9 @@
 #
 # Needs here: the git mirrors of the three repositories (the `fetch` tool; paths below, or FLASHMLA_GIT,
 # VLLM_FLASHMLA_GIT, CUTLASS_GIT), python 3.12 with its headers (PYTHON312), pip, nvcc 13.0 at /usr/local/cuda.
-# Run from the repository root. ~2.5 min on 2 cores after the first run's ~1.3 GB of wheel downloads (kept in
-# $WORK); compile times are printed at the end. Each archive is ~0.1 MB.
+# Run from the repository root. ~2.5 min on 2 cores for the dense builds after the first run's ~1.3 GB of wheel
+# downloads (kept in $WORK), ~2.5 min more for the sparse one (143 s: its two instantiations side by side, 99 s
+# each, then the binding); compile times are printed at the end. Each archive is ~0.1 MB (sparse: 110 KB).
 set -euo pipefail
 
 FLASHMLA_COMMIT=9241ae3ef9bac614dd25e45e507e089f888280e0          # deepseek-ai/FlashMLA main, 2026-04-29
@@ -41,6 +48,7 @@ STAGE=.whl/flashmla
 WORK=${WORK:-/tmp/stage_flashmla}
 CUDA=/usr/local/cuda
 BINDING=$PWD/benchmarks/peers/flashmla_dense_binding.cpp
+SPARSE_BINDING=$PWD/benchmarks/peers/flashmla_sparse_binding.cpp
 
 for repo in "$FLASHMLA_GIT" "$VLLM_FLASHMLA_GIT" "$CUTLASS_GIT"; do
     git -C "$repo" rev-parse --git-dir >/dev/null 2>&1 || { echo "no git mirror at $repo" >&2; exit 1; }
@@ -156,6 +164,18 @@ build "FlashMLA dense" "$WORK/obj_flashmla" "$WORK/pkg_flashmla" flash_mla "cuda
     "compile \$OBJ/sched.o $SRC/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
     "compile \$OBJ/combine.o $SRC/smxx/decode/combine/combine.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
     "compile \$OBJ/binding.o $BINDING \${MLA_FLAGS[@]}"
+
+# FlashMLA sparse fp8 (V3.2): the same flags; the scheduler and combine objects are the dense build's (same
+# sources, same flags), the two instantiations first (the long ones).
+SPARSE=$SRC/sm90/decode/sparse_fp8/instantiations
+rm -rf "$WORK/pkg_flashmla_sparse" && mkdir -p "$WORK/pkg_flashmla_sparse/flash_mla_sparse"
+build "FlashMLA sparse" "$WORK/obj_flashmla_sparse" "$WORK/pkg_flashmla_sparse" flash_mla_sparse "cuda$EXT_SUFFIX" \
+    "deepseek-ai/FlashMLA@${FLASHMLA_COMMIT:0:7} (sm90 sparse fp8 V3.2; nvcc 13.0, torch $TORCH_VERSION)" \
+    flash_mla_sparse_sm90.tar.xz \
+    "compile \$OBJ/v32_h64.o $SPARSE/v32_persistent_h64.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "compile \$OBJ/v32_h128.o $SPARSE/v32_persistent_h128.cu \${MLA_FLAGS[@]} $MLA_PTXAS" \
+    "cp $WORK/obj_flashmla/sched.o $WORK/obj_flashmla/combine.o \$OBJ/" \
+    "compile \$OBJ/binding.o $SPARSE_BINDING \${MLA_FLAGS[@]}"
 
 # vLLM's dense fp8: C++17 as vLLM's CMake (its CMAKE_CXX_STANDARD) for this target.
 SRC=$WORK/vllm_flashmla/csrc
