@@ -42,7 +42,7 @@ import torch
 from .constants import DS_MLA_FORMAT, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
 from .formats import FP8_DTYPE, as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
 from .paged import paged_cache_of
-from .validate import check_kv_format, check_placement, check_tensor, indexed_device
+from .validate import check_kv_format, check_placement, check_tensor, flag_of, indexed_device
 
 # kv_cache_dtype as vLLM and aiter name it -> this package's kv_format
 KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "mxfp4": "mxfp4",
@@ -259,12 +259,7 @@ def kernel_write(kernel, kv_c, k_pe, cache, slot_mapping, kv_format, fp8_roundin
 
 def append_error_flag(device) -> torch.Tensor:
     """The violation bits that unvalidated appends on `device` recorded (made on first use; one per device)."""
-    device = indexed_device(device)
-    flag = _error_flags.get(device)
-    if flag is None:
-        flag = torch.zeros((), dtype=torch.int32, device=device)
-        _error_flags[device] = flag
-    return flag
+    return flag_of(_error_flags, device, 0)
 
 
 def raise_append_errors(device=None) -> None:

@@ -252,14 +252,20 @@ def longest_segments(qo_host: list, kv_host: list):
     return (max(b - a for a, b in zip(qo_host, qo_host[1:])), max(b - a for a, b in zip(kv_host, kv_host[1:])))
 
 
+def flag_of(flags: dict, device, initial) -> torch.Tensor:
+    """The int32 flag tensor of `device` in the registry `flags` (made from `initial` on first use; one per device):
+    the decode's and the cache write's (append.py) device-side violation records."""
+    device = indexed_device(device)
+    flag = flags.get(device)
+    if flag is None:
+        flag = torch.tensor(initial, dtype=torch.int32, device=device)
+        flags[device] = flag
+    return flag
+
+
 def device_error_flag(device: torch.device) -> torch.Tensor:
     """The error flag the compiled kernels on `device` write (made on first use; one per device)."""
-    device = indexed_device(device)
-    flag = _error_flags.get(device)
-    if flag is None:
-        flag = torch.tensor([0, _NO_SEGMENT], dtype=torch.int32, device=device)
-        _error_flags[device] = flag
-    return flag
+    return flag_of(_error_flags, device, [0, _NO_SEGMENT])
 
 
 def raise_device_errors(device=None) -> None:
