@@ -29,6 +29,9 @@ from mixed_mla.planner import Plan, variants
 from test_kernel_constants import header_constants
 
 FORMAT_VARIANTS = [(f, v) for f in KV_FORMATS for v in variants("cuda_sm90", f)]
+# The kernels that guess (decode_split.cuh); the MXFP4 wgmma kernel makes no guess, but the GPU tests below still run
+# it over every layout (uneven segments, rows that attend nothing, poisoned rows past the segments).
+GUESSING_VARIANTS = [(f, v) for f, v in FORMAT_VARIANTS if (f, v) != ("mxfp4", "wgmma")]
 _CONFIG = header_constants("sm90/decode/config.h")
 STAGES = {("bf16", ""): _CONFIG["kStagesBf16"], ("fp8", ""): _CONFIG["kStagesFp8"],
           ("fp8", "tile64"): _CONFIG["kStagesFp8Tile64"], ("mxfp4", ""): _CONFIG["kStagesMxfp4"]}
@@ -107,7 +110,7 @@ def prologue_paths(layout: Layout, kv_format: str, variant: str) -> set:
     return paths
 
 
-@pytest.mark.parametrize("kv_format,variant", FORMAT_VARIANTS)
+@pytest.mark.parametrize("kv_format,variant", GUESSING_VARIANTS)
 def test_the_layouts_take_every_prologue_path(kv_format, variant):
     """CPU: the GPU tests below meet each path of the prologue in every (format, tile), and every tile count up to
     one more than the stages on the guessed path (a prologue that fills every stage, and one the loop adds to)."""

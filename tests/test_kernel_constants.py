@@ -59,9 +59,11 @@ def test_sm90_config_matches_the_python_definitions():
     assert config["KvFormat"] == {"kFormatBf16": constants.KV_FORMAT_CODES["bf16"],
                                   "kFormatFp8": constants.KV_FORMAT_CODES["fp8"],
                                   "kFormatMxfp4": constants.KV_FORMAT_CODES["mxfp4"]}
-    assert config["Fp8Variant"] == {"kFp8Tile32": cuda_sm90.FP8_VARIANTS[""],
-                                    "kFp8Tile64": cuda_sm90.FP8_VARIANTS["tile64"],
+    assert config["Fp8Variant"] == {"kFp8Tile32": cuda_sm90.VARIANTS[""],
+                                    "kFp8Tile64": cuda_sm90.VARIANTS["tile64"],
                                     "kFp8Gather": cuda_sm90.FP8_GATHER}
+    assert config["Mxfp4Variant"] == {"kMxfp4Expand": cuda_sm90.VARIANTS[""],
+                                      "kMxfp4Wgmma": cuda_sm90.VARIANTS["wgmma"]}
     assert config["IndptrViolation"] == {"kBadQoIndptr": validate.FLAG_BAD_QO_INDPTR,
                                          "kBadKvIndptr": validate.FLAG_BAD_KV_INDPTR}
 
@@ -69,7 +71,8 @@ def test_sm90_config_matches_the_python_definitions():
 def test_sm90_tile_sizes_are_the_ones_the_planner_rounds_splits_to():
     tiles = kernels.read("sm90/decode/kv_tiles.cuh")
     fp8 = re.search(r"KvTile<kFormatFp8, kVariant> : TileGeometry<kVariant == kFp8Tile64 \? (\d+) : (\d+)>", tiles)
-    assert {"tile64": int(fp8.group(1)), "": int(fp8.group(2))} == cuda_sm90.TILE_TOKENS
+    wgmma = re.search(r"constexpr int kTileTokens = (\d+);", kernels.read("sm90/decode/mxfp4_wgmma.cuh"))
+    assert {"tile64": int(fp8.group(1)), "": int(fp8.group(2)), "wgmma": int(wgmma.group(1))} == cuda_sm90.TILE_TOKENS
     # the formats without variants (their tiles are CopiedBf16Tile's): the default variant's tile
     assert f"struct CopiedBf16Tile : TileGeometry<{cuda_sm90.TILE_TOKENS['']}>" in tiles
     for kv_format in ("Bf16", "Mxfp4"):

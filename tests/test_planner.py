@@ -244,8 +244,9 @@ def test_candidates_cover_the_backends_variants_and_splits():
 
 def test_a_format_specific_variant_is_a_candidate_of_its_format_only():
     plans = candidates("sm90", 4, 1, 1024, 16)
-    assert {(p.kv_format, p.variant) for p in plans} == {("bf16", ""), ("fp8", ""), ("fp8", "tile64"), ("mxfp4", "")}
-    assert variants("cuda_sm90", "mxfp4") == ("",) and variants("cuda_sm90", "fp8") == ("", "tile64")
+    assert {(p.kv_format, p.variant) for p in plans} == {("bf16", ""), ("fp8", ""), ("fp8", "tile64"), ("mxfp4", ""),
+                                                         ("mxfp4", "wgmma")}
+    assert variants("cuda_sm90", "mxfp4") == ("", "wgmma") and variants("cuda_sm90", "fp8") == ("", "tile64")
     assert variants("torch", "fp8") == ("",)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mixed_mla import formats
+from mixed_mla import exact_formats, formats
 from mixed_mla.constants import MXFP4_BLOCKS_PER_ROW, MXFP4_PACKED_ROW_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,9 @@ def _requested_before_the_indptr(order: dict) -> bool:
 def test_every_contiguous_kernel_requests_tiles_and_q_before_it_reads_the_indptr():
     sass = sm90_budget.disassemble(NVCC, sm90_budget.find_nvdisasm(),
                                    sm90_report.materialize(sm90_report.KERNEL_DIR) / "decode.cu")
-    contiguous = [(name, body) for name, body in sm90_budget.split_kernels(sass) if sm90_report.PAGED not in name]
+    # (the MXFP4 wgmma kernel makes no early request: it reads the indptr first, mxfp4_wgmma.cuh)
+    contiguous = [(name, body) for name, body in sm90_budget.split_kernels(sass)
+                  if sm90_report.PAGED not in name and sm90_report.WGMMA_KERNEL not in name]
     assert sorted(name for name, _ in contiguous) == sorted(
         f"decode_split_kernel<{sm90_report.split_label(*kernel)}>" for kernel in sm90_report.SPLIT_KERNELS
         if kernel != (1, 2))   # the gather variant serves paged caches only
@@ -162,3 +164,39 @@ def test_the_mxfp4_lookup_matches_the_dequantised_values(tmp_path):
     e, word, first, *rest = lines[100].split()
     lines[100] = " ".join([e, word, f"{int(first, 16) ^ 0x40:08x}", *rest])
     assert _lookup_mismatches(lines) == 1
+
+
+def _wgmma_decode_mismatches(lines):
+    """How many e5m2 values of the wgmma decode's lines differ from the oracle's decode (float64: 6 x 2^127 is past
+    float32) of the same word at the block exponent the kernel reads (e, or top - 26 below that: mxfp4_wgmma.cuh
+    TileTables), times 2^(140 - top)."""
+    rows = [[int(v) if i < 2 else int(v, 16) for i, v in enumerate(line.split())] for line in lines]
+    got_bytes = torch.tensor([[(r[3 + k // 4] >> (8 * (k % 4))) & 0xFF for k in range(8)] for r in rows],
+                             dtype=torch.uint8)
+    got = got_bytes.view(torch.float8_e5m2).to(torch.float64)
+    packed = torch.zeros(len(rows), MXFP4_PACKED_ROW_BYTES, dtype=torch.uint8)
+    packed[:, :4] = torch.tensor([[(r[2] >> (8 * b)) & 0xFF for b in range(4)] for r in rows], dtype=torch.uint8)
+    read = [max(e, top - 26) for top, e, *_ in rows]
+    scales = torch.zeros(len(rows), 24, dtype=torch.uint8)
+    scales[:, :MXFP4_BLOCKS_PER_ROW] = torch.tensor(read, dtype=torch.uint8).unsqueeze(1)
+    values = exact_formats.decode_mxfp4(packed.reshape(-1, 1, MXFP4_PACKED_ROW_BYTES), scales)[:, :8]
+    want = values * torch.exp2(140.0 - torch.tensor([r[0] for r in rows], dtype=torch.float64))[:, None]
+    return int((got != want).sum())
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_the_wgmma_decode_matches_the_dequantised_values(tmp_path):
+    """The MXFP4 wgmma kernel's K decode (e2m1 codes to e5m2 with the block scale folded against the tile's largest
+    exponent) is exact for every block within 2^26 of the tile's largest, and clamps the ones below, bit for bit."""
+    binary = tmp_path / "wgmma_decode"
+    build = subprocess.run([NVCC, "-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-I",
+                            str(ROOT / "mixed_mla" / "kernels" / "sm90" / "decode"), "-o", str(binary),
+                            str(ROOT / "tests" / "sm90_wgmma_decode_host.cu")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert {int(line.split()[0]) for line in lines} == {27, 127, 140, 254}
+    assert _wgmma_decode_mismatches(lines) == 0
+    # negative case: one changed bit of one output is found
+    top, e, word, first, rest = lines[100].split()
+    lines[100] = " ".join([top, e, word, f"{int(first, 16) ^ 0x04:08x}", rest])
+    assert _wgmma_decode_mismatches(lines) == 1

@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sm90_report  # noqa: E402  (the same compile flags, kernel text and kernel names)
 
 WARPS = sm90_report.THREADS["decode_split_kernel"] // 32
-TILE_TOKENS = {"fp8, tile64": 64}   # config.h: kFp8Tile64 tiles are 64 tokens, every other split kernel's 32
+# config.h: kFp8Tile64 tiles are 64 tokens, and the MXFP4 wgmma kernel's (mxfp4_wgmma.cuh); every other one's 32
+TILE_TOKENS = {"fp8, tile64": 64, sm90_report.WGMMA_LABEL: 64}
 DEFAULT_TILE_TOKENS = 32
 # Instruction classes by opcode (the mnemonic before its first dot); everything else counts as "other".
 CLASSES = {
@@ -113,12 +114,14 @@ PROBE_VARIANTS = {"0": "full", "1": "no O^T", "2": "no decode"}   # the probe's 
 
 
 def split_kernels(sass: str, kernel: str = "decode_split_kernel") -> list:
-    """(readable name, body) of every `kernel` in an nvdisasm listing."""
+    """(readable name, body) of every `kernel` in an nvdisasm listing; the split kernels include the MXFP4 wgmma
+    kernel."""
     starts = [(m.start(), m.group(1)) for m in FUNCTION.finditer(sass)]
     functions = [(name, sass[pos:starts[i + 1][0] if i + 1 < len(starts) else len(sass)])
                  for i, (pos, name) in enumerate(starts)]
+    names = (kernel, sm90_report.WGMMA_KERNEL) if kernel == "decode_split_kernel" else (kernel,)
     return [(sm90_report.demangle_name(name) if kernel == "decode_split_kernel" else name, body)
-            for name, body in functions if kernel in name]
+            for name, body in functions if any(n in name for n in names)]
 
 
 def probe_budget(name: str, body: str) -> LoopBudget:

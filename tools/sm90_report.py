@@ -29,7 +29,10 @@ REGISTERS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024            # H100/H200: 228 KB per SM, of which 1 KB per CTA is reserved by the system
 SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
-THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128}   # config.h kThreads / kMergeThreads
+# config.h kThreads / kMergeThreads; the MXFP4 wgmma kernel (mxfp4_wgmma.cuh) is one warpgroup, kThreads too
+THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128, "decode_mxfp4_wgmma_kernel": 128}
+WGMMA_KERNEL = "decode_mxfp4_wgmma_kernel"
+WGMMA_LABEL = "mxfp4, wgmma"
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
 FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64", 2: "gather"}           # config.h Fp8Variant
 # (format, variant) of every split kernel decode.cu launches; the probe prints their dynamic shared memory in order
@@ -43,9 +46,9 @@ PROPS = re.compile(r"(?P<stack_frame>\d+) bytes stack frame, (?P<spill_stores>\d
 USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used \d+ barriers)?(?:, (?P<static_smem>\d+) bytes smem)?")
 PTXAS_FIELDS = ("registers", "static_smem", "stack_frame", "spill_stores", "spill_loads")
 
-SMEM_PROBE = "#include <cstdio>\n#include \"decode_split.cuh\"\nint main() {\n" + "".join(
+SMEM_PROBE = "#include <cstdio>\n#include \"mxfp4_wgmma.cuh\"\nint main() {\n" + "".join(
     f'  std::printf("%d\\n", mla_sm90::split_smem_bytes<{fmt}, {variant}>());\n' for fmt, variant in SPLIT_KERNELS
-) + "}\n"
+) + '  std::printf("%d\\n", mla_sm90::wgmma_mxfp4::kSmemBytes);\n}\n'
 
 
 @dataclass
@@ -64,6 +67,8 @@ def split_label(fmt: int, variant: int) -> str:
 
 def demangle_name(mangled: str) -> str:
     args = [int(a) for a in re.findall(r"Li(\d+)E", mangled)]
+    if WGMMA_KERNEL in mangled:
+        return f"{WGMMA_KERNEL}<{WGMMA_LABEL}>"
     if "decode_split_kernel" in mangled:
         label = split_label(args[0], args[1]) if len(args) > 1 else FORMAT_NAMES[args[0]]
         return f"decode_split_kernel<{label}{PAGED if 'Lb1E' in mangled else ''}>"
@@ -78,12 +83,13 @@ def compile_report(nvcc: str, source_dir: Path) -> list:
             raise RuntimeError(f"nvcc failed:\n{result.stderr}")
         probe = Path(tmp) / "smem_probe.cu"
         probe.write_text(SMEM_PROBE)
-        built = subprocess.run([nvcc, "-std=c++17", "-I", str(source_dir), str(probe), "-o", f"{tmp}/probe"],
-                               capture_output=True, text=True)
+        built = subprocess.run([nvcc, *ARCH_FLAGS, "-std=c++17", "-I", str(source_dir), str(probe), "-o",
+                                f"{tmp}/probe"], capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(f"nvcc failed on the shared-memory probe:\n{built.stderr}")
         sizes = subprocess.run([f"{tmp}/probe"], capture_output=True, text=True, check=True).stdout.split()
         dynamic = {split_label(*kernel): int(v) for kernel, v in zip(SPLIT_KERNELS, sizes)}
+        dynamic[WGMMA_LABEL] = int(sizes[len(SPLIT_KERNELS)])
     return assess(parse_ptxas(result.stderr), dynamic)
 
 
@@ -103,7 +109,7 @@ def assess(reports: list, dynamic_smem: dict) -> list:
     """Fills dynamic smem ({split kernel label: bytes}, from the probe) and CTAs per SM, and lists each kernel's
     problems."""
     for r in reports:
-        fmt = re.search(r"<(.+)>", r.name) if r.name.startswith("decode_split_kernel") else None
+        fmt = re.search(r"<(.+)>", r.name) if r.name.startswith(("decode_split_kernel", WGMMA_KERNEL)) else None
         if fmt:
             r.dynamic_smem = dynamic_smem[fmt.group(1).removesuffix(PAGED)]   # paging adds no shared memory
         threads = THREADS[r.name.split("<")[0]]

@@ -4,7 +4,8 @@ One CTA per (KV split, query row x group of 16 heads, segment) reads the indptr 
 any layout is handled and a plan fixes only the launch: `num_splits` KV splits per query row, merged when > 1 by a
 second kernel (a merge fused into the split kernel was slower on all 176 split plans timed: docs/sm90.md), and for
 fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax passes per token, coarser
-ends of rows: each is the fastest on some shapes, docs/sm90.md v42). `lse` (optional) gets each row's natural-log
+ends of rows: each is the fastest on some shapes, docs/sm90.md v42); for mxfp4, "" expands each tile to bf16 for
+mma.sync and "wgmma" decodes K in registers for warpgroup MMA (mxfp4_wgmma.cuh; contiguous caches, paged ones expand). `lse` (optional) gets each row's natural-log
 LSE. One C++ call per forward (binding.cpp), on the current stream, with no sync and no allocation: the split
 workspace is made at plan time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs
 are never reused.
@@ -35,8 +36,10 @@ from ..validate import device_error_flag
 
 KERNEL_DIR = "sm90/decode"
 ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
-FP8_VARIANTS = {"": 0, "tile64": 1}               # Plan.variant -> config.h Fp8Variant (fp8 only)
-TILE_TOKENS = {"": 32, "tile64": 64}              # Plan.variant -> tokens per tile (config.h TileGeometry)
+# Plan.variant -> the kernel's variant code: config.h Fp8Variant for fp8, Mxfp4Variant for mxfp4 (bf16: "" only).
+VARIANTS = {"": 0, "tile64": 1, "wgmma": 1}
+VARIANT_FORMATS = {"tile64": ("fp8",), "wgmma": ("mxfp4",)}
+TILE_TOKENS = {"": 32, "tile64": 64, "wgmma": 64}   # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
 WORKSPACE_BYTES = 64 << 20
@@ -137,9 +140,9 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
     """The C++ forward's arguments for run's inputs (benchmarks/sm90/host_overhead.py times the forward alone with
     them). pages: (block_table, seq_lens) of a paged cache (kv_indptr is then unused), None for a contiguous one."""
     code = KV_FORMAT_CODES[kv_format]
-    if plan.variant not in FP8_VARIANTS or (plan.variant and kv_format != "fp8"):
-        raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(FP8_VARIANTS)} "
-                         f"(non-empty for fp8 only)")
+    if plan.variant not in VARIANTS or kv_format not in VARIANT_FORMATS.get(plan.variant, (kv_format,)):
+        raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(VARIANTS)} for {kv_format} "
+                         f"(tile64: fp8 only, wgmma: mxfp4 only)")
     kv, aux = (kv_cache, kv_cache) if kv_format == "bf16" else kv_cache
     if workspace is None:
         workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
@@ -153,13 +156,15 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {tuple(q.shape[:2])} on {q.device}; got "
                          f"{lse.dtype} {tuple(lse.shape)}{'' if lse.is_contiguous() else ' (not contiguous)'} on "
                          f"{lse.device}")
-    variant = FP8_VARIANTS[plan.variant]
+    variant = VARIANTS[plan.variant]
     if pages is None:
         block_table = seq_lens = _empty(q.device, torch.int32)
     else:
         block_table, seq_lens = pages
         if kv_format == "fp8":
             variant = paged_fp8_variant(plan.variant, kv.shape[1])
+        elif kv_format == "mxfp4":
+            variant = 0   # pages are read by the expanding kernel (config.h Mxfp4Variant)
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
             block_table, seq_lens, lse, plan.split_tokens)
@@ -175,7 +180,7 @@ def paged_fp8_variant(variant: str, page_size: int) -> int:
     """The fp8 kernel variant code that reads pages of page_size rows: the plan's when its tiles fit a page."""
     for name in (variant, ""):
         if page_size % TILE_TOKENS[name] == 0:
-            return FP8_VARIANTS[name]
+            return VARIANTS[name]
     return FP8_GATHER
 
 
@@ -195,6 +200,6 @@ def _empty(device, dtype):
 SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
-    variants=tuple(FP8_VARIANTS), variant_formats={"tile64": ("fp8",)}, tile_tokens=TILE_TOKENS,
+    variants=tuple(VARIANTS), variant_formats=VARIANT_FORMATS, tile_tokens=TILE_TOKENS,
     long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace,
     workspace_bytes=workspace_bytes, lse=True)

@@ -11,12 +11,13 @@ using mla_binding::bytes_of;
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
 // 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
-// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. fp8_variant: 0 32-token tiles,
-// 1 64-token tiles (config.h Fp8Variant; fp8 only). error_flag: int32 (2,) on the device, where the kernel records
-// indptr contents that break the layout rules (mixed_mla.validate raises them).
+// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. variant: fp8 0 32-token tiles,
+// 1 64-token tiles (config.h Fp8Variant); mxfp4 0 expanded tiles, 1 warpgroup MMA (Mxfp4Variant); bf16 ignores it.
+// error_flag: int32 (2,) on the device, where the kernel records indptr contents that break the layout rules
+// (mixed_mla.validate raises them).
 // Paged caches: block_table (batch, max_pages) int32 with contiguous rows and seq_lens (batch,) int32, both non-empty;
 // kv is then (num_pages, page_size, row) contiguous (kv_aux (num_pages, page_size, 24) for mxfp4), kv_indptr unused
-// (pass qo_indptr), fp8_variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
+// (pass qo_indptr), the fp8 variant may also be 2 (row-by-row tiles for pages that hold no whole tile). Empty tensors:
 // a contiguous cache.
 // lse: float32 (total_q, H) contiguous, the natural-log LSE of every row and head; empty: not written.
 // split_tokens: 0, each row cut into num_splits equal shares; > 0, into shares of that many rows (params.h), the
@@ -24,7 +25,7 @@ using mla_binding::bytes_of;
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
-             int64_t kv_format, int64_t fp8_variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
+             int64_t kv_format, int64_t variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
              const torch::Tensor& block_table, const torch::Tensor& seq_lens, const torch::Tensor& lse,
              int64_t split_tokens) {
   const bool paged = block_table.numel() > 0;
@@ -93,7 +94,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
     p.num_kv_rows = static_cast<int>(kv.size(0) * kv.size(1));   // flat rows: what the fp8 tensor map spans
     p.kv_row_stride = kv.stride(1) * kv.element_size();            // rows within a page, pages back to back
   }
-  const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), static_cast<int>(fp8_variant),
+  const int err = mla_sm90_decode(&p, static_cast<int>(kv_format), static_cast<int>(variant),
                                   c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "cuda_sm90 decode launch failed with cudaError ", err);
 }

@@ -7,6 +7,7 @@
 #include "decode_split.cuh"
 #include "launch.h"
 #include "merge_splits.cuh"
+#include "mxfp4_wgmma.cuh"
 
 namespace mla_sm90 {
 namespace {
@@ -61,9 +62,26 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// The MXFP4 warpgroup-MMA kernel (mxfp4_wgmma.cuh): one warpgroup per CTA, two CTAs per SM.
+cudaError_t launch_mxfp4_wgmma(const DecodeParams& p, cudaStream_t stream) {
+  constexpr int kSmem = wgmma_mxfp4::kSmemBytes;
+  static bool configured[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && !configured[device]) {
+    err = cudaFuncSetAttribute(decode_mxfp4_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    if (err != cudaSuccess) return err;
+    configured[device] = true;
+  }
+  const dim3 grid(p.num_splits, p.max_q_len * head_groups(p.num_heads), p.batch);
+  decode_mxfp4_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // A paged cache: every format's kernel reads pages through the block table. fp8 takes TMA boxes when a page holds
 // whole tiles of the variant (pages of 64: both; of 32: 32-token tiles), else kFp8Gather's row-by-row copies.
-cudaError_t launch_paged(const DecodeParams& p, int kv_format, int fp8_variant, cudaStream_t stream) {
+cudaError_t launch_paged(const DecodeParams& p, int kv_format, int variant, cudaStream_t stream) {
   if (p.page_size < 1 || p.num_pages < 1 || p.max_pages < 1 || p.seq_lens == nullptr ||
       (int64_t)p.max_pages * p.page_size > (1 << 30) || (int64_t)p.num_pages * p.page_size != p.num_kv_rows)
     return cudaErrorInvalidValue;
@@ -71,11 +89,11 @@ cudaError_t launch_paged(const DecodeParams& p, int kv_format, int fp8_variant, 
     case kFormatBf16: return launch_split<kFormatBf16, kFp8Tile32, true>(p, stream);
     case kFormatMxfp4: return launch_split<kFormatMxfp4, kFp8Tile32, true>(p, stream);
     case kFormatFp8:
-      if (fp8_variant == kFp8Tile32 && p.page_size % KvTile<kFormatFp8, kFp8Tile32>::kTileTokens == 0)
+      if (variant == kFp8Tile32 && p.page_size % KvTile<kFormatFp8, kFp8Tile32>::kTileTokens == 0)
         return launch_split<kFormatFp8, kFp8Tile32, true>(p, stream);
-      if (fp8_variant == kFp8Tile64 && p.page_size % KvTile<kFormatFp8, kFp8Tile64>::kTileTokens == 0)
+      if (variant == kFp8Tile64 && p.page_size % KvTile<kFormatFp8, kFp8Tile64>::kTileTokens == 0)
         return launch_split<kFormatFp8, kFp8Tile64, true>(p, stream);
-      if (fp8_variant == kFp8Gather) return launch_split<kFormatFp8, kFp8Gather, true>(p, stream);
+      if (variant == kFp8Gather) return launch_split<kFormatFp8, kFp8Gather, true>(p, stream);
       return cudaErrorInvalidValue;
     default: return cudaErrorInvalidValue;
   }
@@ -84,7 +102,7 @@ cudaError_t launch_paged(const DecodeParams& p, int kv_format, int fp8_variant, 
 }  // namespace
 }  // namespace mla_sm90
 
-extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, int fp8_variant,
+extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, int variant,
                                void* stream_handle) {
   using namespace mla_sm90;
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_handle);
@@ -98,15 +116,21 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
     return cudaErrorInvalidValue;
   cudaError_t err;
   if (p->block_table != nullptr) {
-    err = launch_paged(*p, kv_format, fp8_variant, stream);
+    err = launch_paged(*p, kv_format, variant, stream);
   } else switch (kv_format) {
     case kFormatBf16: err = launch_split<kFormatBf16>(*p, stream); break;
     case kFormatFp8:
-      if (fp8_variant == kFp8Tile32) err = launch_split<kFormatFp8, kFp8Tile32>(*p, stream);
-      else if (fp8_variant == kFp8Tile64) err = launch_split<kFormatFp8, kFp8Tile64>(*p, stream);
+      if (variant == kFp8Tile32) err = launch_split<kFormatFp8, kFp8Tile32>(*p, stream);
+      else if (variant == kFp8Tile64) err = launch_split<kFormatFp8, kFp8Tile64>(*p, stream);
       else return cudaErrorInvalidValue;
       break;
-    case kFormatMxfp4: err = launch_split<kFormatMxfp4>(*p, stream); break;
+    case kFormatMxfp4:
+      // Row strides past the wgmma kernel's 32-bit tile offsets take the expanding kernel.
+      if (variant == kMxfp4Wgmma && p->kv_row_stride <= wgmma_mxfp4::kMaxRowStrideBytes)
+        err = launch_mxfp4_wgmma(*p, stream);
+      else if (variant == kMxfp4Wgmma || variant == kMxfp4Expand) err = launch_split<kFormatMxfp4>(*p, stream);
+      else return cudaErrorInvalidValue;
+      break;
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p->num_splits == 1) return err;

@@ -133,14 +133,14 @@ struct Fp8SwizzledRows {
 // 16-byte chunks come in passes of 32 (warp w copies rows w, w + 4, ..., lane l chunk l of each pass, walking one
 // source pointer down the rows) and a remainder (bf16: 8 chunks of every row) dealt out flat over all threads, so
 // every lane of every cp.async carries a chunk (docs/sm90.md v21). Only a split's last tile checks bounds.
-template <int kRowBytes, int kRowStride, int kTileTokens>
+template <int kRowBytes, int kRowStride, int kTileTokens, long long kMaxRowStride = kMaxKvRowStrideBytes>
 struct RowCopier {
   static constexpr int kChunksPerRow = kRowBytes / 16;
   static constexpr int kPasses = kChunksPerRow / 32;
   static constexpr int kRest = kChunksPerRow % 32;                  // chunks per row after the passes
   static constexpr int kRestChunks = kTileTokens * kRest;
   static constexpr int kRestPerThread = (kRestChunks + kThreads - 1) / kThreads;
-  static_assert(kTileTokens * kMaxKvRowStrideBytes <= (1ll << 31), "tile offsets must fit 32 bits");
+  static_assert(kTileTokens * kMaxRowStride <= (1ll << 31), "tile offsets must fit 32 bits");
   uint32_t rest_src[kRestPerThread];  // bytes from the tile's first row
   uint32_t rest_dst[kRestPerThread];  // bytes from the stage
   int rest_row[kRestPerThread];

@@ -132,6 +132,80 @@ __host__ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32
 #endif
 }
 
+// ---- Warpgroup MMA (the MXFP4 wgmma kernel, mxfp4_wgmma.cuh) ----
+
+// A shared-memory matrix descriptor without swizzle: core matrices of 8 rows x 16 bytes, `lbo` bytes between the
+// two 16-byte halves of a 32-byte k-step, `sbo` bytes between groups of 8 rows (PTX ISA, "Matrix Descriptor").
+// Adding (bytes >> 4) moves its start address: no carry leaves the 14-bit field inside the 227 KB of a CTA.
+__device__ __forceinline__ uint64_t wgmma_descriptor(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+#define MLA_SM90_ACC16(d)                                                                                         \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),     \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+#define MLA_SM90_D16 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+
+// D (+)= A B on wgmma m64n32k32, f32 accumulator: A e5m2 from 4 registers per thread, B e4m3 by descriptor (both
+// K-major). accumulate = 0 overwrites D.
+__device__ __forceinline__ void wgmma_e5m2_e4m3_rs(float d[16], const uint32_t a[4], uint64_t b, int accumulate) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e5m2.e4m3 " MLA_SM90_D16
+               ", {%16,%17,%18,%19}, %20, p, 1, 1;\n}\n"
+               : MLA_SM90_ACC16(d)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// The same with A (e5m2) by descriptor too.
+__device__ __forceinline__ void wgmma_e5m2_e4m3_ss(float d[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k32.f32.e5m2.e4m3 " MLA_SM90_D16 ", %16, %17, p, 1, 1;\n}\n"
+               : MLA_SM90_ACC16(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+#undef MLA_SM90_ACC16
+#undef MLA_SM90_D16
+
+// Four 8x8 b16 matrices, transposed, into shared memory: lane 8i + r gives the address of row r of matrix i.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// Two floats -> two e4m3 (lo in the low byte), nearest even, saturating at +-448.
+__device__ __forceinline__ uint16_t e4m3x2_of(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// f16x2 -> two floats (exact).
+__device__ __forceinline__ void f32x2_of_f16x2(uint32_t x, float& lo, float& hi) {
+  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}\n"
+      : "=f"(lo), "=f"(hi)
+      : "r"(x));
+}
+
+// Two e4m3 -> f16x2 (exact), and two f16 -> e4m3 (nearest even, saturating).
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint16_t x) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
+  return r;
+}
+__device__ __forceinline__ uint16_t e4m3x2_of_f16x2(uint32_t x) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;\n" : "=h"(r) : "r"(x));
+  return r;
+}
+
 __device__ __forceinline__ float bf16_lo_to_f32(uint32_t pair) { return __uint_as_float(pair << 16); }
 __device__ __forceinline__ float bf16_hi_to_f32(uint32_t pair) { return __uint_as_float(pair & 0xffff0000u); }
 
