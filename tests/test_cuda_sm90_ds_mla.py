@@ -9,8 +9,9 @@ STRICT_BOUND[("fp8_ds_mla", "cuda_sm90")], contiguous, paged (page sizes 1, 2, 6
 rows) and decode_sparse (invalid and duplicate indices, topk_length, attn_sink: tests/test_sparse.py's layout), at
 the problem's sm_scale, DeepSeek's YaRN one (0.1352) and a flat one (0.01), 16 and 128 heads (and 4). The caches
 include both writers' scale rules and rows whose blocks span 2^-40 .. 2^40 at random or rising along the row (each
-block's range R_b moves, tile after tile, and its copies of P stay in f16). The negative controls must fail: a kernel that applies a block's scale to the wrong dims
-(the scales of blocks 0 and 1 swapped in its input) or ignores the rope (its bytes zeroed).
+block's range R_b moves, tile after tile, and its copies of P stay in f16). The negative controls must fail: a
+kernel that applies a block's scale to the wrong dims (the scales of blocks 0 and 1 swapped in its input) or ignores
+the rope (its bytes zeroed).
 
 On the device: python3 -m pytest -q tests/test_cuda_sm90_ds_mla.py -k ds_mla
 """
