@@ -14,7 +14,9 @@
 // cp.async from every thread (bf16, MXFP4), kStages deep.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
-// power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
+// power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision. fp8_ds_mla
+// (ds_mla_tile.cuh) runs the fp8 arithmetic on its latent with each block's scale applied to the scores and to one
+// f16 copy of P per block (p_tile.cuh's policy), and bf16 products on its rope.
 // Cost model: docs/sm90.md#the-budget (at 16 heads, instruction issue, not the tensor cores or HBM, sets the pace:
 // each kept change removed instructions from the per-tile loop). "vN" in these kernels' comments names row vN of
 // docs/sm90.md#what-worked-and-what-didnt, the measurements behind a choice.
