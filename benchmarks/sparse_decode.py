@@ -1,15 +1,16 @@
 """Sparse top-k decode at kernel level: decode_sparse's plans beside FlashMLA's sparse decode, DeepSeek-V3.2's shapes.
 
-    python -m benchmarks.sparse_decode [--batch 1,8,32,128] [--heads 128,16] [--q-len 1,2] [--topk 2048]
+    python -m benchmarks.sparse_decode [--batch 1,8,32,128] [--heads 128,64,16] [--q-len 1,2] [--topk 2048]
                                        [--formats fp8_ds_mla,fp8,bf16] [--out DIR]          # on the GPU
 
 Per (heads, batch, q_len) and format, over a paged cache (page size 64) of SEQUENCE_TOKENS tokens per sequence,
 each query row picking `topk` distinct random tokens of its own sequence (FlashMLA's V3.2 case: s_k 32768, topk
-2048): ours, the plan made once and run per call (the gather route on cuda_sm90 for bf16/fp8/mxfp4, torch for
-fp8_ds_mla: docs/sparse.md), and FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its layouts where
-stage_flashmla.sh's flash_mla_sparse is importable (64 and 128 heads), both timed by timing.KernelTimer. FlashMLA is
-timed only when its output on the first sequence's query rows is within FLASHMLA_BOUND of the oracle's
-(mixed_mla/exact_sparse.py); otherwise its error is reported in its place.
+2048): ours, the plan made once and run per call (on sm90 the gather route into cuda_sm90's paged kernels, fp8_ds_mla
+included: its own tile format, docs/sparse.md), and FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its
+layouts where stage_flashmla.sh's flash_mla_sparse is importable (64 and 128 heads), both timed by
+timing.KernelTimer. On fp8_ds_mla both outputs on the first sequence's query rows are judged against the oracle
+(mixed_mla/exact_sparse.py): ours is reported (ours_error), FlashMLA is timed only within FLASHMLA_BOUND, otherwise
+its error is reported in its place.
 The floor is the bytes a row must gather (topk rows of the format per query row, Q, the output, the indices) over
 the measured copy bandwidth; "% floor" is floor / time. Writes sparse.txt and raw.json to
 benchmarks/results/sparse/ (--out: another folder). On a CPU it runs the torch path (a smoke test).
@@ -131,6 +132,8 @@ def measure(batch, q_len, num_heads, topk, kv_format, timer, bytes_per_s, flash_
     record = dict(batch=batch, q_len=q_len, num_heads=num_heads, topk=topk, kv_format=kv_format,
                   route=planned.backend_name + (" gather" if planned.through_paged is not None else ""),
                   ours_us=round(ours_us, 2), floor_us=round(floor, 2), ours_floor_pct=round(100 * floor / ours_us, 1))
+    if kv_format == DS_MLA_FORMAT:   # the timed plan's output, judged as FlashMLA's is (its bound: exact.py)
+        record["ours_error"] = round(first_sequence_error(out, q, cache, indices, q_len), 5)
     if kv_format == DS_MLA_FORMAT and flash_decode is not None and num_heads in FLASHMLA_HEADS:
         record.update(flashmla_fields(flash_decode, q, cache, indices, batch, q_len, timer, floor))
     elif kv_format == DS_MLA_FORMAT:
@@ -153,7 +156,7 @@ def table_line(r) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", default="1,8,32,128")
-    parser.add_argument("--heads", default="128,16")
+    parser.add_argument("--heads", default="128,64,16")   # 64 and 128: FlashMLA's
     parser.add_argument("--q-len", default="1,2")
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--formats", default=f"{DS_MLA_FORMAT},fp8,bf16")

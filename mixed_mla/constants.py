@@ -12,7 +12,8 @@ HEAD_GROUP = 16             # heads handled together by one kernel pass (one MMA
 
 KV_FORMATS = ("bf16", "fp8", "mxfp4")
 # The format codes every kernel binding takes (sm90 config.h KvFormat; tests/test_kernel_constants.py parses it).
-KV_FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2}
+# gfx950's kernels read the first three; sm90's also fp8_ds_mla (DS_MLA_FORMAT below).
+KV_FORMAT_CODES = {"bf16": 0, "fp8": 1, "mxfp4": 2, "fp8_ds_mla": 3}
 MAX_SPLITS = 64             # KV splits per query row: the merge kernels' limit (config.h kMaxSplits)
 
 FP8_E4M3_MAX = 448.0        # largest finite float8_e4m3fn
@@ -25,7 +26,8 @@ MXFP4_SCALE_COLS = 24        # 18 scales padded to a multiple of 8; columns 18..
 E8M0_BIAS = 127
 
 # DeepSeek-V3.2's fp8 cache (FlashMLA's V32_FP8Sparse, vLLM's "fp8_ds_mla"): 656 bytes per token, read by the dense
-# paths (torch) and by decode_sparse. Not one of the problem's formats (KV_FORMATS): no kernel binding has a code.
+# paths and by decode_sparse (torch everywhere, cuda_sm90's kernels on sm90). Not one of the problem's formats
+# (KV_FORMATS).
 DS_MLA_FORMAT = "fp8_ds_mla"
 SERVED_KV_FORMATS = KV_FORMATS + (DS_MLA_FORMAT,)   # every format the library reads
 DS_MLA_TILE = 128                                  # latent values sharing one float32 scale

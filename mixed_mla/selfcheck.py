@@ -48,9 +48,9 @@ from typing import NamedTuple
 
 import torch
 
-from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, V_HEAD_DIM
+from .constants import DEFAULT_SM_SCALE, DS_MLA_FORMAT, QK_HEAD_DIM, V_HEAD_DIM
 from .exact import lse_bound, lse_error, path_attention, scale_class, strict_bound, strict_verdict
-from .formats import as_uint8, quantize_fp8, quantize_mxfp4
+from .formats import as_uint8, quantize_ds_mla, quantize_fp8, quantize_mxfp4
 
 ENV_SWITCH = "MLA_SELFCHECK"
 # (q_len, kv_len) per segment: MTP with 4 queries over 333 rows (partial last tile), a row with nothing to attend
@@ -63,6 +63,7 @@ POISON_ROWS = 40             # cache rows past the last segment, filled with NaN
 SPARE_PAGES = 2              # paged: pages no sequence owns, NaN encodings throughout
 FP8_NAN = 0x7F               # e4m3fn NaN
 E8M0_NAN = 0xFF
+DS_MLA_NAN = 0xFF            # every byte: e4m3fn NaN codes, a NaN float32 scale, NaN bf16 rope values
 SEED = 20261202
 CONTIGUOUS, PAGED = "contiguous", "paged"
 
@@ -171,6 +172,9 @@ def _poisoned(kv_format: str, device, segments, num_heads, poison_rows):
         raw_scales[used_rows:] = E8M0_NAN
         raw_scales[:, 18:] = E8M0_NAN   # the padding columns: never meaningful
         cache = (packed, scales)
+    elif kv_format == DS_MLA_FORMAT:
+        cache = quantize_ds_mla(kv)
+        cache[used_rows:] = DS_MLA_NAN
     else:
         cache = kv
         cache[used_rows:] = float("nan")
@@ -182,9 +186,9 @@ def _poisoned(kv_format: str, device, segments, num_heads, poison_rows):
 def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
     """(paged cache, block_table, seq_lens) holding the first sum(kv_lens) rows of a contiguous cache, segment b's
     kv_lens[b] rows as sequence b, in pages of page_size rows (mixed_mla/paged.py's layout) dealt in a random order
-    (`generator`). Every other row holds NaN encodings (bf16 NaN, e4m3 0x7F, e8m0 0xFF; mxfp4 codes 0xFF): the
-    spare_pages pages no sequence owns and each last page's rows past its sequence's length. block_table is one
-    column wider than the longest sequence needs, padded with -1 past each sequence's pages."""
+    (`generator`). Every other row holds NaN encodings (bf16 NaN, e4m3 0x7F, e8m0 0xFF; mxfp4 codes 0xFF; fp8_ds_mla
+    0xFF bytes): the spare_pages pages no sequence owns and each last page's rows past its sequence's length.
+    block_table is one column wider than the longest sequence needs, padded with -1 past each sequence's pages."""
     table, slots, num_pages = _page_layout(kv_lens, page_size, generator, spare_pages)
     paged = _poisoned_pages(cache, kv_format, num_pages, page_size)
     for source, dest in zip(_row_parts(cache, kv_format), _row_parts(paged, kv_format)):
@@ -232,6 +236,8 @@ def _poisoned_pages(cache, kv_format: str, num_pages: int, page_size: int):
         return pages(cache, float("nan"))
     if kv_format == "fp8":
         return pages(cache[0], FP8_NAN), cache[1]
+    if kv_format == DS_MLA_FORMAT:
+        return pages(cache, DS_MLA_NAN)
     return pages(cache[0], E8M0_NAN), pages(cache[1], E8M0_NAN)
 
 
@@ -239,6 +245,8 @@ def _row_parts(cache, kv_format: str):
     """The parts of a cache that hold rows (not the fp8 scale), as bf16 or uint8 views."""
     if kv_format == "bf16":
         return (cache,)
+    if kv_format == DS_MLA_FORMAT:
+        return (as_uint8(cache),)
     return (as_uint8(cache[0]),) if kv_format == "fp8" else (as_uint8(cache[0]), as_uint8(cache[1]))
 
 

@@ -58,7 +58,8 @@ def test_sm90_config_matches_the_python_definitions():
     assert config["kFp4Blocks"] == constants.MXFP4_BLOCKS_PER_ROW and config["kMaxSplits"] == constants.MAX_SPLITS
     assert config["KvFormat"] == {"kFormatBf16": constants.KV_FORMAT_CODES["bf16"],
                                   "kFormatFp8": constants.KV_FORMAT_CODES["fp8"],
-                                  "kFormatMxfp4": constants.KV_FORMAT_CODES["mxfp4"]}
+                                  "kFormatMxfp4": constants.KV_FORMAT_CODES["mxfp4"],
+                                  "kFormatDsMla": constants.KV_FORMAT_CODES[constants.DS_MLA_FORMAT]}
     assert config["Fp8Variant"] == {"kFp8Tile32": cuda_sm90.VARIANTS[""],
                                     "kFp8Tile64": cuda_sm90.VARIANTS["tile64"],
                                     "kFp8Gather": cuda_sm90.FP8_GATHER}
@@ -88,8 +89,10 @@ def test_gfx950_config_matches_the_python_definitions():
 def test_gfx950_format_codes_are_the_python_ones():
     config = header_constants("gfx950/decode/config.h")
     assert config["KvFormat"] == {"kFormatBf16": 0, "kFormatFp8": 1, "kFormatMxfp4": 2}
-    assert config["KvFormat"] == header_constants("sm90/decode/config.h")["KvFormat"]
-    assert {name: config["KvFormat"][f"kFormat{name.capitalize()}"] for name in constants.KV_FORMAT_CODES} == \
-        constants.KV_FORMAT_CODES
+    # gfx950 reads the problem's formats, under sm90's codes (which add fp8_ds_mla)
+    sm90 = header_constants("sm90/decode/config.h")["KvFormat"]
+    assert config["KvFormat"] == {name: code for name, code in sm90.items() if name != "kFormatDsMla"}
+    assert {name: config["KvFormat"][f"kFormat{name.capitalize()}"] for name in constants.KV_FORMATS} == \
+        {name: constants.KV_FORMAT_CODES[name] for name in constants.KV_FORMATS}
     assert config["IndptrViolation"] == {"kBadQoIndptr": validate.FLAG_BAD_QO_INDPTR,
                                          "kBadKvIndptr": validate.FLAG_BAD_KV_INDPTR}

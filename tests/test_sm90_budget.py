@@ -59,6 +59,26 @@ def test_the_tile_loop_is_the_innermost_loop_with_the_most_hmma():
     assert result.per_tile == 5 and result.tile_tokens == 64
     assert result.by_class == {"tensor": 2, "convert": 1, "shared": 1, "control": 1}
     assert result.per_token == 5 * sm90_budget.WARPS / 64
+    assert result.common_per_token == result.per_token   # no BAR.RED: no rare path
+
+
+def test_the_common_path_leaves_out_the_block_after_the_p_barrier():
+    listing = _listing([
+        ".L_x_1:",
+        "HMMA.16816.F32 R8, R4, R6, R8",
+        "BAR.RED.OR.DEFER_BLOCKING 0x0, P0",
+        "@!P0 BRA `(.L_x_2)",
+        "FMUL R8, R8, R9",                # the rare rebase path
+        "FMUL R9, R9, R9",
+        "BAR.SYNC.DEFER_BLOCKING 0x0",
+        ".L_x_2:",
+        "HMMA.16816.F32 R12, R4, R6, R12",
+        "@P1 BRA `(.L_x_1)",
+        "EXIT",
+    ])
+    result = sm90_budget.budget("decode_split_kernel<fp8_ds_mla>", listing)
+    assert result.per_tile == 8 and result.tile_tokens == 32
+    assert result.common_per_token == 5 * sm90_budget.WARPS / 32
 
 
 def test_listings_without_a_tile_loop_are_refused():

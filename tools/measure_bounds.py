@@ -34,7 +34,7 @@ os.environ["MLA_SELFCHECK"] = "0"   # before mixed_mla reads it: measure the pat
 
 from benchmarks import provenance  # noqa: E402
 from mixed_mla import api, exact, formats, paged, selfcheck  # noqa: E402
-from mixed_mla.constants import KV_FORMATS, QK_HEAD_DIM  # noqa: E402
+from mixed_mla.constants import DS_MLA_FORMAT, KV_FORMATS, QK_HEAD_DIM  # noqa: E402
 
 OUT_DIR = ROOT / "benchmarks/results/bounds"
 Q_LENS = (1, 2, 3, 4)
@@ -44,7 +44,7 @@ SEED = 20261205
 # layouts' largest KV length and head counts)
 PATHS = {
     "torch": ("torch", KV_FORMATS, ("contiguous", "paged"), 5, 700, (16, 32, 128)),
-    "cuda_sm90": ("cuda_sm90", KV_FORMATS, ("contiguous", "paged"), 8, 4200, (16, 32, 64, 128)),
+    "cuda_sm90": ("cuda_sm90", KV_FORMATS + (DS_MLA_FORMAT,), ("contiguous", "paged"), 8, 4200, (16, 32, 64, 128)),
     "hip_gfx950_twin": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 20, 700, (16, 32)),
     "hip_gfx950_lanes": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 2, 200, (16,)),
 }
@@ -68,8 +68,8 @@ def inputs(segments, num_heads, q_magnitude, kv_format, seed):
     total_q, total_kv = sum(q for q, _ in segments), sum(n for _, n in segments)
     q = (torch.randn(total_q, num_heads, QK_HEAD_DIM, generator=g) * q_magnitude).to(torch.bfloat16)
     kv = (torch.randn(max(total_kv, 1), 1, QK_HEAD_DIM, generator=g) / q_magnitude).to(torch.bfloat16)
-    cache = {"bf16": lambda: kv, "fp8": lambda: formats.quantize_fp8(kv),
-             "mxfp4": lambda: formats.quantize_mxfp4(kv)}[kv_format]()
+    cache = {"bf16": lambda: kv, "fp8": lambda: formats.quantize_fp8(kv), "mxfp4": lambda: formats.quantize_mxfp4(kv),
+             DS_MLA_FORMAT: lambda: formats.quantize_ds_mla(kv)}[kv_format]()
     indptr = lambda lens: torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)  # noqa: E731
     return q, cache, indptr([q for q, _ in segments]), indptr([n for _, n in segments])
 

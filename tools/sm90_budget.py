@@ -6,7 +6,10 @@ requirements-dev.txt; the CUDA toolkit here has none), and its tile loop found: 
 of the kernel's most-repeated HMMA block. Its instructions per warp per tile, times the CTA's warps, over the tile's
 tokens, are the warp instructions an SM issues per token, by class. docs/sm90.md ("MXFP4 on the H200") reads them
 against the rate the shipped fp8 loop issues at on the H200, to predict a design's cycles per token before it is
-built and measured; the counts are static (the rare rebase path of the softmax is inside the loop and counted).
+built and measured; the counts are static (the rare rebase path of the softmax is inside the loop and counted). The
+"common" column leaves that path out: the block a tile runs only when the barrier that publishes P (BAR.RED, the
+kernel's __syncthreads_or) says some score or (fp8_ds_mla) block scale passed its base, i.e. the first tile and
+rarely after.
 
 With --probe it counts the tile loops of benchmarks/sm90/mxfp4_wgmma_probe.cu instead (issue 34's warpgroup-MMA
 MXFP4 design: one warpgroup per 64-token tile; wgmma is HGMMA in the listing, one per m64n32k32).
@@ -56,6 +59,7 @@ class LoopBudget:
     per_tile: int = 0                                  # instructions per warp per tile
     by_class: dict = field(default_factory=dict)      # per warp per tile
     per_token: float = 0.0                             # warp instructions per SM per token
+    common_per_token: float = 0.0                      # the same without the rare rebase path (rebase_path)
 
     @property
     def hmma_per_token(self) -> float:
@@ -96,6 +100,18 @@ def tile_loop(opcodes: list, labels: dict, branches: list) -> tuple:
     return min((loop for loop in loops if hmma[loop] == most), key=lambda loop: loop[1] - loop[0])
 
 
+def rebase_path(opcodes: list, labels: dict, branches: list, first: int, last: int) -> int:
+    """Instructions of the loop's rare path: from the conditional branch right after the loop's first BAR.RED (the
+    __syncthreads_or that publishes P) to that branch's forward target; 0 where the loop has none."""
+    for index in range(first, last + 1):
+        if opcodes[index].startswith("BAR.RED"):
+            for at, target in branches:
+                if index < at <= index + 3 and at < labels.get(target, -1) <= last + 1:
+                    return labels[target] - at - 1
+            return 0
+    return 0
+
+
 def budget(kernel: str, body: str) -> LoopBudget:
     opcodes, labels, branches = parse_function(body)
     first, last = tile_loop(opcodes, labels, branches)
@@ -104,6 +120,8 @@ def budget(kernel: str, body: str) -> LoopBudget:
     result.by_class = dict(Counter(opcode_class(op) for op in opcodes[first:last + 1]))
     result.per_tile = last - first + 1
     result.per_token = result.per_tile * WARPS / result.tile_tokens
+    common = result.per_tile - rebase_path(opcodes, labels, branches, first, last)
+    result.common_per_token = common * WARPS / result.tile_tokens
     return result
 
 
@@ -178,11 +196,11 @@ def main() -> int:
         print(json.dumps([asdict(b) | {"hmma_per_token": b.hmma_per_token} for b in budgets], indent=1))
         return 0
     classes = list(CLASSES) + ["other"]
-    print(f"{'split kernel (tile loop)':38s} {'tokens':>6s} {'per tile':>8s} {'per token':>9s}  "
+    print(f"{'split kernel (tile loop)':40s} {'tokens':>6s} {'per tile':>8s} {'per token':>9s} {'common':>6s}  "
           + " ".join(f"{c:>8s}" for c in classes) + "   (per token, warp instructions per SM)")
     for b in budgets:
         scale = WARPS / b.tile_tokens
-        print(f"{b.kernel:38s} {b.tile_tokens:6d} {b.per_tile:8d} {b.per_token:9.1f}  "
+        print(f"{b.kernel:40s} {b.tile_tokens:6d} {b.per_tile:8d} {b.per_token:9.1f} {b.common_per_token:6.1f}  "
               + " ".join(f"{b.by_class.get(c, 0) * scale:8.1f}" for c in classes))
     return 0
 

@@ -33,10 +33,10 @@ TARGET_CTAS_PER_SM = 2
 THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128, "decode_mxfp4_wgmma_kernel": 128}
 WGMMA_KERNEL = "decode_mxfp4_wgmma_kernel"
 WGMMA_LABEL = "mxfp4, wgmma"
-FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4"}                     # config.h KvFormat
+FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4", 3: "fp8_ds_mla"}    # config.h KvFormat
 FP8_VARIANT_NAMES = {0: "tile32", 1: "tile64", 2: "gather"}           # config.h Fp8Variant
 # (format, variant) of every split kernel decode.cu launches; the probe prints their dynamic shared memory in order
-SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0), (1, 2)]
+SPLIT_KERNELS = [(0, 0), (1, 0), (1, 1), (2, 0), (1, 2), (3, 0)]
 PAGED = ", paged"   # the label's suffix for the kernels that read a paged cache (template argument kPaged)
 
 ENTRY = re.compile(r"Compiling entry function '(\w+)'")

@@ -15,11 +15,14 @@ the host without a sync: the kernel clamps every segment to the tensors, so it n
 bounds, and records the violation in the device's error flag (validate.device_error_flag), which
 validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
-Formats: bf16, fp8 (e4m3fn + per-tensor scale) and mxfp4 (packed e2m1 + padded e8m0 scales) caches; q bf16.
+Formats: bf16, fp8 (e4m3fn + per-tensor scale), mxfp4 (packed e2m1 + padded e8m0 scales) and fp8_ds_mla
+(DeepSeek-V3.2's 656-byte rows, one tensor: kernels/sm90/decode/ds_mla_tile.cuh) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
 mixed_mla/paged.py): the same kernels gather each tile's rows through the block table (no copy of the cache). The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
-fp8 runs f16 products with Q scaled per head by a power of two, so no input is rounded beyond f16/bf16.
+fp8 runs f16 products with Q scaled per head by a power of two, so no input is rounded beyond f16/bf16;
+fp8_ds_mla the same on its latent (each block's scale applied to the fp32 scores, and to P per block in f16 copies)
+and bf16 products on its rope.
 
 The build happens in `available` (the first plan on a device), outside any timed call. The .cu files carry no
 torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
@@ -30,7 +33,7 @@ from typing import NamedTuple
 import torch
 
 from . import BackendSpec, aligned, build_failure
-from ..constants import KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from ..constants import DS_MLA_FORMAT, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .. import kernels
 from ..validate import device_error_flag
 
@@ -39,6 +42,7 @@ ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
 # Plan.variant -> the kernel's variant code: config.h Fp8Variant for fp8, Mxfp4Variant for mxfp4 (bf16: "" only).
 VARIANTS = {"": 0, "tile64": 1, "wgmma": 1}
 VARIANT_FORMATS = {"tile64": ("fp8",), "wgmma": ("mxfp4",)}
+ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)       # caches of one tensor (the binding's kv_aux is then unused)
 TILE_TOKENS = {"": 32, "tile64": 64, "wgmma": 64}   # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
 # not depend on the split count, so a plan asking for more is served with fewer.
@@ -143,7 +147,7 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
     if plan.variant not in VARIANTS or kv_format not in VARIANT_FORMATS.get(plan.variant, (kv_format,)):
         raise ValueError(f"cuda_sm90 variant {plan.variant!r} is not one of {sorted(VARIANTS)} for {kv_format} "
                          f"(tile64: fp8 only, wgmma: mxfp4 only)")
-    kv, aux = (kv_cache, kv_cache) if kv_format == "bf16" else kv_cache
+    kv, aux = (kv_cache, kv_cache) if kv_format in ONE_TENSOR_FORMATS else kv_cache
     if workspace is None:
         workspace = make_workspace(plan, q.shape[0], q.shape[1], q.device)
     elif q.shape[0] > workspace.max_total_q:
@@ -197,8 +201,10 @@ def _empty(device, dtype):
 # fp8 defaults to 64-token tiles where a split's share of a row is long (2048-8192 tokens per split measured 1-5%
 # faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM measured 8% slower with
 # 64; ties in between).
+# fp8_ds_mla (DeepSeek-V3.2's cache) is served by its own tile format, contiguous and paged at any page size, and so
+# sparse decodes of it (the gather route, sparse.py): predicted, not yet measured (docs/sm90.md).
 SPEC = BackendSpec(
-    name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS, fastest_format="fp8",
+    name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS + (DS_MLA_FORMAT,), fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
     variants=tuple(VARIANTS), variant_formats=VARIANT_FORMATS, tile_tokens=TILE_TOKENS,
     long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace,

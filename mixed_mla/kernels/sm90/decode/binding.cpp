@@ -10,8 +10,9 @@
 using mla_binding::bytes_of;
 
 // kv_format: 0 bf16 (kv (N, 1, 576) bf16), 1 fp8 (kv (N, 1, 576) 1-byte, kv_aux float32 (1,) scale),
-// 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales). partial_out (>= total_q*H*splits*512)
-// bf16 and partial_lse (>= total_q*H*splits) fp32 are read only when num_splits > 1. variant: fp8 0 32-token tiles,
+// 2 mxfp4 (kv (N, 1, 288) 1-byte, kv_aux 1-byte (>= N, 24) e8m0 scales), 3 fp8_ds_mla (kv (N, 1, 656) 1-byte, its
+// scales inside the rows; kv_aux unused). partial_out (>= total_q*H*splits*512) bf16 and partial_lse
+// (>= total_q*H*splits) fp32 are read only when num_splits > 1. variant: fp8 0 32-token tiles,
 // 1 64-token tiles (config.h Fp8Variant); mxfp4 0 expanded tiles, 1 warpgroup MMA (Mxfp4Variant); bf16 ignores it.
 // error_flag: int32 (2,) on the device, where the kernel records indptr contents that break the layout rules
 // (mixed_mla.validate raises them).
@@ -34,7 +35,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
               "q must be (total_q, H, 576) bf16 with a contiguous last dim");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.size(0) == q.size(0) && out.size(1) == q.size(1) &&
               out.size(2) == 512 && out.stride(2) == 1, "out must be (total_q, H, 512) bf16");
-  const int64_t row_bytes = kv_format == 2 ? 288 : kv_format == 1 ? 576 : 1152;
+  const int64_t row_bytes = kv_format == 3 ? 656 : kv_format == 2 ? 288 : kv_format == 1 ? 576 : 1152;
   TORCH_CHECK(kv.dim() == 3 && (paged ? kv.is_contiguous() : kv.size(1) == 1) &&
               kv.size(2) * kv.element_size() == row_bytes &&
               kv.stride(2) == 1 && (kv.stride(0) * kv.element_size()) % 16 == 0 &&

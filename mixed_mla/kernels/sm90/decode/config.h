@@ -25,6 +25,13 @@ constexpr int kBf16SmemRowStride = kBf16RowBytes + 16;
 constexpr int kFp4RowBytes = 288;                     // packed e2m1 pairs, stored unpadded in the stage
 constexpr int kFp4ScaleCols = 24;                     // the e8m0 tensor's padded row (18 meaningful)
 constexpr int kFp4Blocks = 18;                        // 576 / 32
+// fp8_ds_mla (DeepSeek-V3.2): 512 e4m3 latent values, 4 float32 scales (one per 128 latent values), 64 bf16 rope
+// values. Stored unpadded in the stage: 656 = 16 mod 128 bytes keeps its fragment loads conflict-free
+// (ds_mla_tile.cuh).
+constexpr int kDsMlaRowBytes = 656;
+constexpr int kDsMlaScalesAt = 512;
+constexpr int kDsMlaRopeAt = 528;
+constexpr int kDsMlaBlocks = 4;                       // latent blocks of 128 values, one scale each
 
 // fp8 tiles come by TMA in boxes of 128 B x 32 rows with the 128-byte swizzle (16-byte chunk c of row r lands at
 // chunk c ^ (r & 7)), which keeps the fragment loads conflict-free without padded rows; a 576-B row spans 5 boxes,
@@ -56,6 +63,7 @@ constexpr int kStagesFp8 = 4;       // 4 x 20 KB
 constexpr int kStagesFp8Tile64 = 2; // 2 x 40 KB, both in flight from the prologue on
 constexpr int kStagesBf16 = 2;      // 2 x 37.4 KB
 constexpr int kStagesMxfp4 = 4;     // 4 x 10 KB raw + one 37.4 KB bf16 tile they are expanded into
+constexpr int kStagesDsMla = 4;     // 4 x 20.5 KB
 
 // Lazy softmax rescaling (decode_split.cuh): the exponentials' base moves only when a score exceeds it by more
 // than this many powers of two.
@@ -72,7 +80,7 @@ constexpr int kMergeThreads = 128;  // 4 output dims per thread
 constexpr float kLn2 = 0.693147180559945309f;
 
 // Format codes as mixed_mla.constants.KV_FORMAT_CODES (tests/test_kernel_constants.py parses this line).
-enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2 };
+enum KvFormat : int { kFormatBf16 = 0, kFormatFp8 = 1, kFormatMxfp4 = 2, kFormatDsMla = 3 };
 // Bits of DecodeParams::error_flag[0], as mixed_mla.validate.FLAG_BAD_QO_INDPTR / FLAG_BAD_KV_INDPTR.
 enum IndptrViolation : int { kBadQoIndptr = 1, kBadKvIndptr = 2 };
 // The fp8 kernel variants, by tile size (a launch parameter: the planner's variant; the other formats ignore it).

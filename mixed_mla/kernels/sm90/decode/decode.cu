@@ -88,6 +88,7 @@ cudaError_t launch_paged(const DecodeParams& p, int kv_format, int variant, cuda
   switch (kv_format) {
     case kFormatBf16: return launch_split<kFormatBf16, kFp8Tile32, true>(p, stream);
     case kFormatMxfp4: return launch_split<kFormatMxfp4, kFp8Tile32, true>(p, stream);
+    case kFormatDsMla: return launch_split<kFormatDsMla, kFp8Tile32, true>(p, stream);   // any page size
     case kFormatFp8:
       if (variant == kFp8Tile32 && p.page_size % KvTile<kFormatFp8, kFp8Tile32>::kTileTokens == 0)
         return launch_split<kFormatFp8, kFp8Tile32, true>(p, stream);
@@ -131,6 +132,7 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
       else if (variant == kMxfp4Wgmma || variant == kMxfp4Expand) err = launch_split<kFormatMxfp4>(*p, stream);
       else return cudaErrorInvalidValue;
       break;
+    case kFormatDsMla: err = launch_split<kFormatDsMla>(*p, stream); break;
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p->num_splits == 1) return err;

@@ -14,7 +14,9 @@
 // cp.async from every thread (bf16, MXFP4), kStages deep.
 // Arithmetic: bf16 and mxfp4 caches run bf16 mma (mxfp4 expanded exactly to bf16: the e8m0 range needs bf16's
 // exponent). fp8 runs f16 mma on K and V converted in registers (e4m3 is exact in f16) with Q scaled per head by a
-// power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision.
+// power of two into f16 range (qk_operands.cuh); P is f16. No input is rounded beyond bf16 precision. fp8_ds_mla
+// (ds_mla_tile.cuh) runs the fp8 arithmetic on its latent with each block's scale applied to the scores and to one
+// f16 copy of P per block (p_tile.cuh's policy), and bf16 products on its rope.
 // Cost model: docs/sm90.md#the-budget (at 16 heads, instruction issue, not the tensor cores or HBM, sets the pace:
 // each kept change removed instructions from the per-tile loop). "vN" in these kernels' comments names row vN of
 // docs/sm90.md#what-worked-and-what-didnt, the measurements behind a choice.
@@ -24,7 +26,9 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "ds_mla_tile.cuh"
 #include "kv_tiles.cuh"
+#include "p_tile.cuh"
 #include "params.h"
 #include "ptx.cuh"
 #include "qk_operands.cuh"
@@ -47,15 +51,6 @@ __device__ __forceinline__ void exponentials(const float x[4], const float m[2],
   pr[1] = fast_exp2(x[1] - base0);
   pr[2] = fast_exp2(x[2] - base1);
   pr[3] = fast_exp2(x[3] - base1);
-}
-
-// A thread's P values into the [head][token] 16-bit P tile: tokens `token`, + 1 of head rows g and g + 8.
-template <bool kF16, int kPRowStride>
-__device__ __forceinline__ void store_p(uint8_t* p_smem, int g, int token, const float pr[4]) {
-  uint32_t* row_g = reinterpret_cast<uint32_t*>(p_smem + g * kPRowStride + 2 * token);
-  uint32_t* row_g8 = reinterpret_cast<uint32_t*>(p_smem + (g + 8) * kPRowStride + 2 * token);
-  *row_g = kF16 ? pack_f16x2(pr[0], pr[1]) : pack_bf16x2(pr[0], pr[1]);
-  *row_g8 = kF16 ? pack_f16x2(pr[2], pr[3]) : pack_bf16x2(pr[2], pr[3]);
 }
 
 // The cache rows [lo, hi) of a segment that query r of q_len attends, in split `split`: its first
@@ -168,8 +163,12 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   uint8_t* p_smem = reinterpret_cast<uint8_t*>(tile_max_smem + kWarps * kHeadGroup);  // [head][token] 16-bit
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  // ldmatrix rows of P's A fragments: lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at token + 8.
-  const uint8_t* p_lane_row = p_smem + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride + 16 * (lane >> 4);
+  // How P is published and read (p_tile.cuh): one copy, or fp8_ds_mla's copy per latent block.
+  typename PFor<kFormat, Tile>::type p_copies;
+  // ldmatrix rows of P's A fragments (this warp's copy): lanes 0-7 heads 0-7, 8-15 heads 8-15, 16-31 the same at
+  // token + 8.
+  const uint8_t* p_lane_row = p_smem + p_copies.copy_offset(warp) + ((lane & 7) + 8 * ((lane >> 3) & 1)) * kPRowStride +
+                              16 * (lane >> 4);
   // Tile j lives in stage j % kStages. The prologue (tiles 0 .. kStages - 1) is the guess's when that is this row's,
   // else a wrong guess's copies are drained first (every thread decides alike: the guess and the row are the CTA's).
   // Q is prepared once the prologue is in flight.
@@ -261,11 +260,12 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
       for (int j = 0; j < kOwnNTiles; ++j) {
         over = over || fmaxf(x[j][0], x[j][1]) > m[0] + kRebaseSlack || fmaxf(x[j][2], x[j][3]) > m[1] + kRebaseSlack;
         exponentials(x[j], m, pr[j]);
-        store_p<Tile::kF16PV, kPRowStride>(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
+        p_copies.store(p_smem, g, 8 * (warp + kWarps * j) + 2 * t, pr[j]);
       }
       return over;
     };
-    const bool over = publish_p();
+    const bool scales_over = p_copies.load(tile, 8 * warp + 2 * t);   // fp8_ds_mla: a scale past its block's range
+    const bool over = publish_p() || scales_over;
     if (__syncthreads_or(over)) {  // m = -inf: any score rebases
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
@@ -287,6 +287,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         m[hr] = rebase ? tile_max : m[hr];
         l[hr] *= alpha[hr];
       }
+      p_copies.rebase(tile, warp, lane, alpha);   // fp8_ds_mla: this warp's O follows its block's new range
 #pragma unroll
       for (int v = 0; v < kVTilesPerWarp; ++v) {
         o[v][0] *= alpha[0]; o[v][1] *= alpha[0];
@@ -339,7 +340,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   // The merge kernel (launched with programmatic stream serialisation) may start its prologue now; it still
   // waits for this whole grid before reading any partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  store_row(p, row, head0, split, warp, g, t, m, l, o, kv_scale);
+  store_row(p, row, head0, split, warp, g, t, m, l, o, p_copies.v_scale(kv_scale, warp));
 }
 
 // Shared memory of a row's tile loop (stages, expanded tile, exchanges, P); with TMA tiles the stage mbarriers
@@ -349,7 +350,7 @@ __host__ __device__ constexpr int row_smem_bytes() {
   using Tile = KvTile<kFormat, kVariant>;
   return exchange_offset<Tile>() +
          (kWarps * kHeadGroup * Tile::kRedStride + 2 * kWarps * kHeadGroup) * (int)sizeof(float) +
-         kHeadGroup * Tile::kPRowStride;
+         kHeadGroup * Tile::kPRowStride * PFor<kFormat, Tile>::type::kCopies;
 }
 
 template <int kFormat, int kVariant>

@@ -1,5 +1,6 @@
 // Per-format KV tiles: how a tile of cache rows (TileGeometry, config.h) reaches shared memory, and how the mma
-// fragments are read from it. Every format serves the same two fragment layouts (see decode_split.cuh):
+// fragments are read from it. Every format here serves the same two fragment layouts (see decode_split.cuh;
+// fp8_ds_mla, whose warps own its 128-value scale blocks, has its own in ds_mla_tile.cuh):
 //   K (B operand of S = Q.K^T, n = token, k = dim): thread (g, t) of warp w holds, for k-step j, the dim pairs
 //     D_j and D_j + 2 of token row g, where D_j = 144w + 16 k_chunk(j/4, t) + 4(j%4) for j < 8 and
 //     144w + 128 + 4t for j = 8 (k_chunk(c, t): 4c + t for the padded rows, 2t + c for the swizzled fp8 boxes).
