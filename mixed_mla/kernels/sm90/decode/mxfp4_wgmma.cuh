@@ -294,12 +294,14 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
       wgmma_commit();
       if (grp > 0) {
         wgmma_wait<1>();
+        wgmma_pin(s_acc[(grp - 1) & 1]);
         const float* done = s_acc[(grp - 1) & 1];
 #pragma unroll
         for (int k = 0; k < 16; ++k) s_sum[k] += done[k];
       }
     }
     wgmma_wait<0>();
+    wgmma_pin(s_acc[(kGroups - 1) & 1]);
 #pragma unroll
     for (int k = 0; k < 16; ++k) s_sum[k] += s_acc[(kGroups - 1) & 1][k];
 
@@ -374,6 +376,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
       wgmma_commit();
       if (mb > 0) {
         wgmma_wait<1>();
+        wgmma_pin(o_acc[(mb - 1) & 1]);
         const float* done = o_acc[(mb - 1) & 1];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
@@ -384,6 +387,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
       }
     }
     wgmma_wait<0>();
+    wgmma_pin(o_acc[1]);
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
