@@ -396,7 +396,9 @@ __global__ void __launch_bounds__(kThreads, 1) tile_loop_kernel(TileIn in, TileO
 }
 
 // (b) wgmma m64n32k32 e4m3 back to back: kRegisterA (A from 4 registers) or A from shared memory; kStream adds one
-// stmatrix.x4 and two ld.shared.v4 per wgmma from the same threads (the tile loop's V^T stores and code loads).
+// stmatrix.x4 and two ld.shared.v4 per wgmma from the same threads (the tile loop's V^T stores and code loads). The
+// stored values do not depend on the loaded ones (the loads only feed a sink read at the end), so the stream measures
+// contention for the shared-memory ports, not a chain of load -> store latencies.
 constexpr int kRateSteps = 4096, kRateChains = 4;
 
 template <bool kRegisterA, bool kStream>
@@ -414,7 +416,8 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(long long* cycles, f
 #pragma unroll
     for (int i = 0; i < 16; ++i) d[c][i] = 0.f;
   const uint32_t st_addr = base + 8192 + (threadIdx.x & 127) * 16;
-  uint32_t x = threadIdx.x;
+  const uint32_t x = threadIdx.x;
+  uint32_t loaded = 0;
   __syncthreads();
   const long long start = clock64();
   for (int s = 0; s < kRateSteps; ++s) {
@@ -428,11 +431,11 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(long long* cycles, f
     if constexpr (kStream) {
 #pragma unroll
       for (int c = 0; c < kRateChains; ++c) {
-        stmatrix_x4_trans(st_addr + 2048 * (c & 1), x, x + 1, x + 2, x + 3);
+        stmatrix_x4_trans(st_addr + 2048 * (c & 1), x + s, x + c, x + 2, x + 3);
         uint4 v0, v1;
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v0.x), "=r"(v0.y), "=r"(v0.z), "=r"(v0.w) : "r"(st_addr + 4096));
         asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v1.x), "=r"(v1.y), "=r"(v1.z), "=r"(v1.w) : "r"(st_addr + 6144));
-        x ^= v0.x ^ v1.w;
+        loaded ^= v0.x ^ v1.w;
       }
     }
     wgmma_wait<1>();
@@ -444,7 +447,7 @@ __global__ void __launch_bounds__(256, 1) wgmma_rate_kernel(long long* cycles, f
   for (int c = 0; c < kRateChains; ++c)
 #pragma unroll
     for (int i = 0; i < 16; ++i) acc += d[c][i];
-  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc + (float)x;
+  sink[blockIdx.x * blockDim.x + threadIdx.x] = acc + (float)(x ^ loaded);
   if (threadIdx.x == 0) cycles[blockIdx.x] = stop - start;
 }
 
