@@ -27,7 +27,8 @@ import torch
 
 from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .planner import BATCH_INVARIANT_REASON, Plan, batch_invariant_backend, device_arch, forced_backend, plan_for
+from .planner import (BATCH_INVARIANT_REASON, Plan, batch_invariant_backend, device_arch, device_table_file,
+                      forced_backend, plan_for)
 from .validate import (check_inputs, check_kv_format, checked_segment_lengths, indexed_device, normalized_cache,
                        raise_device_errors)
 
@@ -251,9 +252,9 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
     MLA_BACKEND) that cannot serve raises instead: forcing means "this one or an error"; so does any fallback under
     strict.
     """
-    arch = device_arch(device)
-    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, batch_invariant),
-                        arch, kv_lens)
+    arch, table = device_arch(device), device_table_file(device)
+    chosen = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, batch_invariant,
+                                 table), arch, kv_lens)
     problem = route_problem(chosen, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)
     if problem is None:
         return chosen, backends.module(chosen.backend)
@@ -265,7 +266,7 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, 
             continue
         try:
             plan = fit_layout(plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, alternative,
-                                       batch_invariant), arch, kv_lens)
+                                       batch_invariant, table), arch, kv_lens)
         except ValueError:  # this backend cannot read the format asked for
             continue
         alternative_problem = route_problem(plan, device, num_heads, max_q_len, return_lse, sm_scale=sm_scale)

@@ -27,7 +27,7 @@ import torch
 from . import api, backends, ops
 from .constants import (DEFAULT_SM_SCALE, DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS,
                         QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
-from .planner import Plan, device_arch, forced_backend, plan_for
+from .planner import Plan, device_arch, device_table_file, forced_backend, plan_for
 from .validate import (DS_MLA_DTYPES, E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale,
                        check_kv_format, check_placement, indexed_device, normalized_cache, raise_device_errors)
 
@@ -279,13 +279,13 @@ def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size
     """(Plan, module) of the first backend that can serve this paged decode: the arch's compiled ones, then torch.
     Each one passed over is reported as api.py reports a contiguous fallback (a warning, or under strict an
     error); a forced backend that cannot serve raises."""
-    arch = device_arch(device)
+    arch, table = device_arch(device), device_table_file(device)
     forced = backend or forced_backend()
     names = (forced,) if forced is not None else backends.native_backends(arch) + (backends.FALLBACK,)
     reasons = []
     for name in names:
         try:
-            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name, batch_invariant)
+            plan = plan_for(arch, batch, max_q_len, max_kv_len, num_heads, kv_format, name, batch_invariant, table)
             problem = _paged_problem(plan, device, num_heads, max_q_len, page_size, return_lse, strided_pages,
                                      sm_scale)
         except ValueError as error:   # this backend cannot read the format

@@ -23,7 +23,12 @@ _EMBEDDED_TABLES = None
 
 # device_arch name -> table file; archs without a table use the heuristic only.
 TABLE_FILES = {"sm90": "h200.json", "gfx950": "mi355x.json"}
+# Devices of an arch with a table of their own (measured on that device): a device whose name holds the key reads it
+# where the file exists; the arch's other devices read TABLE_FILES'. An H100 and an H200 run the same kernels at
+# different HBM speeds, so the plan that wins a shape can differ between them.
+DEVICE_TABLE_FILES = {"sm90": {"H100": "h100.json"}}
 TABLE_ARCHS = {filename: arch for arch, filename in TABLE_FILES.items()}
+TABLE_ARCHS.update({filename: arch for arch, files in DEVICE_TABLE_FILES.items() for filename in files.values()})
 
 # Evidence classes of a table entry ("evidence": {"class", "basis"}). The MI355X table has never been measured by
 # this project, so each of its defaults must name one (issue 31); "lax" (figures the leaderboard's rtol = atol = 0.1
@@ -264,20 +269,21 @@ def forced_backend():
 
 
 def plan_for(arch: str, batch: int, q_len: int, kv_len: int, num_heads: int, kv_format=None, backend=None,
-             batch_invariant=False) -> Plan:
+             batch_invariant=False, table=None) -> Plan:
     """The plan for one decode shape. kv_format=None lets the planner choose (MLA_KV_FORMAT, table, fastest).
 
     A caller that names kv_format holds only that cache, so MLA_KV_FORMAT applies only when kv_format is None.
     backend (the argument, else MLA_BACKEND) forces the backend: a table entry for another backend is then
     ignored. MLA_SPLITS forces the split count. Env overrides mark the plan's source with "+env".
     batch_invariant: that plan made batch-invariant (batch_invariant_plan; MLA_SPLITS then does not apply).
+    table: the table file to read (device_table_file of the device); None: the arch's.
     """
     env_backend, env_format, env_splits = _env_overrides()
     if backend is not None and backend not in BACKEND_NAMES:
         raise ValueError(f"unknown backend {backend!r}; expected one of {', '.join(BACKEND_NAMES)}")
     forced = backend or env_backend
     requested_format = kv_format or env_format
-    entry = _table_entry(arch, batch, q_len, kv_len, num_heads, requested_format)
+    entry = _table_entry(arch, batch, q_len, kv_len, num_heads, requested_format, table)
     if entry is not None and forced in (None, entry.backend):
         plan = entry
     else:
@@ -443,17 +449,38 @@ def unverified_routes_opted_in() -> bool:
     return os.environ.get(UNVERIFIED_ROUTES_OPT_IN) == "1"
 
 
+def own_table_file(arch: str, device_name=None):
+    """The table a device of `arch` named `device_name` is measured into (tools/autotune.py writes it)."""
+    for key, filename in DEVICE_TABLE_FILES.get(arch, {}).items():
+        if device_name and key in device_name:
+            return filename
+    return TABLE_FILES.get(arch)
+
+
+def table_file(arch: str, device_name=None):
+    """The table a device reads: its own where that file exists, else its arch's (None: the heuristic only)."""
+    own = own_table_file(arch, device_name)
+    return own if own is not None and _table_text(own) is not None else TABLE_FILES.get(arch)
+
+
+def device_table_file(device):
+    """table_file of a torch device (its name read once per device: no sync)."""
+    device = torch.device(device)
+    arch = device_arch(device)
+    return table_file(arch, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+
+
 @functools.lru_cache(maxsize=None)
-def table_for(arch: str, opted_in: bool = False) -> dict:
-    """The parsed table of `arch` ({} when the arch has none or its file is missing); opted_in: with its
-    opt_in_entries."""
-    filename = TABLE_FILES.get(arch)
+def table_for(arch: str, opted_in: bool = False, filename=None) -> dict:
+    """The parsed table `filename` (default: the arch's) of `arch` ({} when the arch has none or its file is
+    missing); opted_in: with its opt_in_entries."""
+    filename = filename or TABLE_FILES.get(arch)
     text = _table_text(filename) if filename else None
     return parse_table(text, filename, evidence_required(arch), opted_in) if text is not None else {}
 
 
-def _table_entry(arch, batch, q_len, kv_len, num_heads, kv_format):
-    table = table_for(arch, unverified_routes_opted_in())
+def _table_entry(arch, batch, q_len, kv_len, num_heads, kv_format, table_name=None):
+    table = table_for(arch, unverified_routes_opted_in(), table_name)
     shape = (batch, q_len, kv_len, num_heads)
     if kv_format is None:
         return table.get(shape + ("auto",))

@@ -207,6 +207,26 @@ def test_tables_are_read_from_disk(monkeypatch, tmp_path):
     assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "mxfp4", 5, "", 1, "table")
 
 
+def test_a_device_with_a_table_of_its_own_reads_it_and_the_others_the_archs(monkeypatch):
+    """An H100 reads h100.json where it exists (measured there), an H200 (or an H100 without it) h200.json."""
+    own = {"backend": "cuda_sm90", "kv_format": "mxfp4", "num_splits": 3, "variant": "wgmma"}
+    arch_wide = {"backend": "cuda_sm90", "kv_format": "fp8", "num_splits": 5}
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert planner.own_table_file("sm90", h100) == "h100.json"
+    assert planner.own_table_file("sm90", "NVIDIA H200") == planner.own_table_file("sm90") == "h200.json"
+    assert planner.table_file("sm90", h100) == "h200.json"   # no h100.json installed
+    tables = {name: json.dumps({"entries": [_entry(plan)]}) for name, plan in (("h100.json", own),
+                                                                                ("h200.json", arch_wide))}
+    monkeypatch.setattr(planner, "_EMBEDDED_TABLES", tables)
+    planner.table_for.cache_clear()
+    assert planner.table_file("sm90", h100) == "h100.json"
+    assert plan_for("sm90", 4, 1, 1024, 16, table=planner.table_file("sm90", h100)) == \
+        Plan("cuda_sm90", "mxfp4", 3, "wgmma", 1, "table")
+    assert plan_for("sm90", 4, 1, 1024, 16, table=planner.table_file("sm90", "NVIDIA H200")) == \
+        Plan("cuda_sm90", "fp8", 5, "", 1, "table")
+    assert plan_for("sm90", 4, 1, 1024, 16) == Plan("cuda_sm90", "fp8", 5, "", 1, "table")
+
+
 @pytest.mark.parametrize("entries, message", [
     ([_entry({"backend": "cuda", "kv_format": "fp8", "num_splits": 4})], "unknown backend 'cuda'"),
     ([_entry({"backend": "aiter", "kv_format": "mxfp4", "num_splits": 4})], "aiter cannot read 'mxfp4'"),

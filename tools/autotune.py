@@ -38,7 +38,7 @@ from mixed_mla import api, exact, planner  # noqa: E402
 from mixed_mla.constants import DEFAULT_SM_SCALE  # noqa: E402
 
 PARTIAL_DIR = REPO / ".build" / "autotune"
-TABLE_NAMES = {"sm90": "H200", "gfx950": "MI355X"}   # device_arch -> the "device" field of its table
+TABLE_NAMES = {"h200.json": "H200", "h100.json": "H100", "mi355x.json": "MI355X"}   # the "device" field of a table
 
 
 def shape_key(shape: Shape) -> list:
@@ -249,8 +249,7 @@ def write_table(table_path: Path, records: list, shapes: list, device: torch.dev
     entries = best_entries(records, shapes,
                            f"{measured['measured_by']} {measured['date']} {measured['commit']} on {measured['gpu']}")
     existing = table_path.read_text() if table_path.exists() else None
-    arch = planner.device_arch(device)
-    table = merged_table(existing, entries, TABLE_NAMES.get(arch, gpu_name(device)), measured)
+    table = merged_table(existing, entries, TABLE_NAMES.get(table_path.name, gpu_name(device)), measured)
     table_path.parent.mkdir(parents=True, exist_ok=True)
     table_path.write_text(table_text(table))
     return entries
@@ -262,9 +261,10 @@ def main(argv=None) -> Path:
     arch = planner.device_arch(device)
     table_path = args.device_table
     if table_path is None:
-        if arch not in planner.TABLE_FILES:
+        own = planner.own_table_file(arch, gpu_name(device))
+        if own is None:
             raise SystemExit(f"no planner table belongs to {arch!r} devices: pass --device-table PATH")
-        table_path = planner.TABLE_DIR / planner.TABLE_FILES[arch]
+        table_path = planner.TABLE_DIR / own
     partial = PartialResults(args.partial or PARTIAL_DIR / f"{table_path.stem}.partial.jsonl", gpu_name(device),
                              args.restart)
     work = [(shape, planner.candidates(arch, shape.batch, shape.q_len, shape.kv_len, shape.num_heads))

@@ -43,7 +43,7 @@ if [[ "$parts" == *checks* ]]; then
 if [ "${AUTOTUNE:-0}" = 1 ]; then
   step autotune 420 python3 tools/autotune.py --restart
   step bundle 60 python3 tools/bundle.py
-  cp mixed_mla/tables/h200.json submission.py "$out/"
+  cp mixed_mla/tables/*.json submission.py "$out/"
 fi
 step pytest_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/test_cuda_sm90.py tests/test_cuda_sm90_prologue.py tests/test_properties.py \
   tests/test_entry.py tests/test_api.py tests/test_harness.py tests/test_paged.py tests/test_indptr_guarantee.py \
