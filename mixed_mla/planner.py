@@ -464,10 +464,10 @@ def table_file(arch: str, device_name=None):
 
 
 def device_table_file(device):
-    """table_file of a torch device (its name read once per device: no sync)."""
+    """table_file of a torch device (its name read only where its arch has device tables: no sync)."""
     device = torch.device(device)
     arch = device_arch(device)
-    return table_file(arch, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    return table_file(arch, torch.cuda.get_device_name(device) if arch in DEVICE_TABLE_FILES else None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -565,8 +565,8 @@ def _route_twice(monkeypatch, num_heads=16):
     """api._route on CPU with aiter planned for gfx950 and torch behind it; the aiter fallback warnings."""
     from mixed_mla import api, backends
     monkeypatch.setattr(api, "device_arch", lambda device: "gfx950")
-    monkeypatch.setattr(api, "plan_for", lambda arch, batch, q, kv, heads, kv_format, backend, batch_invariant=False:
-                        Plan(backend=backend or "aiter", kv_format="fp8", num_splits=4, variant=""))
+    monkeypatch.setattr(api, "plan_for", lambda arch, batch, q, kv, heads, kv_format, backend, batch_invariant=False,
+                        table=None: Plan(backend=backend or "aiter", kv_format="fp8", num_splits=4, variant=""))
     monkeypatch.setattr(backends, "native_backends", lambda arch: ("aiter",))
     monkeypatch.setattr(backends, "unavailable_reason", lambda name, key: aiter_mla._probe()[1]
                         if name == "aiter" else None)
