@@ -117,7 +117,8 @@ def _dense_case(seed, tile_magnitudes=(1.0, 1.0, 1.0, 1.0)):
 
 def test_the_dense_paths_read_it_under_the_strict_bound():
     """Contiguous and paged (pages shuffled, every unowned row 0xFF: NaN latent, scales and rope) on this machine's
-    path; sm90 plans cuda_sm90's kernels for it (tests/test_cuda_sm90_ds_mla.py), the other archs torch."""
+    path; sm90 plans cuda_sm90's kernels for it, which serve it with MLA_SM90_DS_MLA=1 (tests/test_cuda_sm90_ds_mla.py)
+    and else pass it on to torch; the other archs plan torch."""
     q, cache, qo, kv = _dense_case(seed=7)
     ref = exact.exact_attention(q, cache, DS_MLA_FORMAT, qo, kv, DEFAULT_SM_SCALE)
     out = mixed_mla.decode(q, cache, qo, kv, kv_format=DS_MLA_FORMAT)
@@ -132,7 +133,7 @@ def test_the_dense_paths_read_it_under_the_strict_bound():
     lens = torch.tensor([120, 180], dtype=torch.int32)
     paged_out = mixed_mla.decode_paged(q, paged, qo, table, lens, kv_format=DS_MLA_FORMAT)
     assert exact.strict_verdict(paged_out, ref, DS_MLA_FORMAT, "torch")[0]
-    assert planner.plan_for("sm90", 2, 3, 180, 16, DS_MLA_FORMAT).backend == "cuda_sm90"
+    assert planner.plan_for("sm90", 2, 3, 180, 16, DS_MLA_FORMAT).backend == "cuda_sm90"   # served with its opt-in
     for arch in ("gfx950", "cpu"):
         assert planner.plan_for(arch, 2, 3, 180, 16, DS_MLA_FORMAT).backend == "torch"
     with pytest.raises(ValueError, match="backend 'hip_gfx950' cannot read kv_format 'fp8_ds_mla'"):

@@ -28,6 +28,7 @@ The build happens in `available` (the first plan on a device), outside any timed
 torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
 """
 import functools
+import os
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,9 @@ ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
 # Plan.variant -> the kernel's variant code: config.h Fp8Variant for fp8, Mxfp4Variant for mxfp4 (bf16: "" only).
 VARIANTS = {"": 0, "tile64": 1, "wgmma": 1}
 VARIANT_FORMATS = {"tile64": ("fp8",), "wgmma": ("mxfp4",)}
+# fp8_ds_mla's kernel (ds_mla_tile.cuh) has not run on a GPU: served only with MLA_SM90_DS_MLA=1 (read on every plan),
+# else torch serves the format, until a device run backs it.
+DS_MLA_OPT_IN = "MLA_SM90_DS_MLA"
 ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)       # caches of one tensor (the binding's kv_aux is then unused)
 TILE_TOKENS = {"": 32, "tile64": 64, "wgmma": 64}   # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
@@ -208,4 +212,5 @@ SPEC = BackendSpec(
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
     variants=tuple(VARIANTS), variant_formats=VARIANT_FORMATS, tile_tokens=TILE_TOKENS,
     long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace,
-    workspace_bytes=workspace_bytes, lse=True)
+    workspace_bytes=workspace_bytes, lse=True,
+    serves=lambda kv_format: kv_format != DS_MLA_FORMAT or os.environ.get(DS_MLA_OPT_IN) == "1")
