@@ -16,7 +16,8 @@ bounds, and records the violation in the device's error flag (validate.device_er
 validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale), mxfp4 (packed e2m1 + padded e8m0 scales) and fp8_ds_mla
-(DeepSeek-V3.2's 656-byte rows, one tensor: kernels/sm90/decode/ds_mla_tile.cuh) caches; q bf16.
+(DeepSeek-V3.2's 656-byte rows, one tensor: kernels/sm90/decode/ds_mla_tile.cuh; served only with the opt-in
+MLA_SM90_DS_MLA=1 until a GPU run backs it) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
 mixed_mla/paged.py): the same kernels gather each tile's rows through the block table (no copy of the cache). The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
@@ -199,7 +200,7 @@ def _empty(device, dtype):
     return torch.empty(0, dtype=dtype, device=device)
 
 
-# Formats: all three. fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.16-1.95x
+# Formats: all four (fp8_ds_mla behind its opt-in). fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.16-1.95x
 # slower than fp8 on the 6 larger benchmark shapes, 1.25 us faster at 4x1024 and 1.98 us slower at 32x1024
 # (benchmarks/results/peers/, commit 818a4bf, H200), where the planner's table, not this default, picks the format.
 # fp8 defaults to 64-token tiles where a split's share of a row is long (2048-8192 tokens per split measured 1-5%
