@@ -71,12 +71,12 @@ def load_build(spec: str) -> Build:
                  importlib.import_module(module._PACKAGE + ".planner"))
 
 
-def candidates(build: Build, inputs: DecodeInputs, kv_format: str, backend: str = BACKEND) -> list:
-    """The build's candidate plans of `backend` for this shape and format; the API's own plan where the planner
-    lists none (the torch backend of a CPU smoke run)."""
+def candidates(build: Build, inputs: DecodeInputs, kv_format: str, backend: str = BACKEND, variant=None) -> list:
+    """The build's candidate plans of `backend` for this shape and format (of one variant, where given); the API's
+    own plan where the planner lists none (the torch backend of a CPU smoke run)."""
     shape = inputs.shape
     found = [p for p in build.planner.candidates(ARCH, shape.batch, shape.q_len, shape.kv_len, shape.num_heads)
-             if p.backend == backend and p.kv_format == kv_format]
+             if p.backend == backend and p.kv_format == kv_format and variant in (None, p.variant)]
     return found or [plan_for(inputs, kv_format, backend, api=build.api).plan]
 
 
@@ -109,7 +109,7 @@ def kernel_times(timer, run) -> str:
     return ", ".join(times)
 
 
-def run(builds, shapes, kv_format, device, reps, check_rows, profile=False, backend=BACKEND) -> dict:
+def run(builds, shapes, kv_format, device, reps, check_rows, profile=False, backend=BACKEND, variant=None) -> dict:
     """{(build name, shape): (us, plan, error or None, profile text)}: the fastest candidate of each build."""
     timer = KernelTimer(device, min_reps=reps, max_reps=reps)
     best = {}
@@ -117,7 +117,7 @@ def run(builds, shapes, kv_format, device, reps, check_rows, profile=False, back
         inputs = make_inputs(shape, device, shape.batch * 7 + shape.kv_len, (kv_format,))
         for build in builds:
             times = [(timer.measure(runner(build, inputs, kv_format, plan, backend)).median_us, plan)
-                     for plan in candidates(build, inputs, kv_format, backend)]
+                     for plan in candidates(build, inputs, kv_format, backend, variant)]
             us, plan = min(times, key=lambda pair: pair[0])
             fastest = runner(build, inputs, kv_format, plan, backend)
             error = None
@@ -195,6 +195,7 @@ def main(argv=None):
     timed.add_argument("--reps", type=int, default=21)
     timed.add_argument("--check-rows", type=int, default=64 * 8192, help="check accuracy up to this many cache rows")
     timed.add_argument("--profile", action="store_true")
+    timed.add_argument("--variant", default=None, help="time this variant's plans only ('' the default one)")
     args = parser.parse_args(argv)
     builds = [load_build(spec) for spec in args.builds or ["tree"]]
     device = torch.device(args.device)
@@ -202,7 +203,8 @@ def main(argv=None):
         failed = check(builds, device, backend=args.backend)
     else:
         shapes = parse_shapes(args.shapes)
-        best = run(builds, shapes, args.format, device, args.reps, args.check_rows, args.profile, args.backend)
+        best = run(builds, shapes, args.format, device, args.reps, args.check_rows, args.profile, args.backend,
+                   args.variant)
         failed = print_run(best, builds, shapes, args.format, args.reps, args.backend)
     if failed:
         sys.exit(1)
