@@ -37,21 +37,27 @@ cudaError_t fp8_tile_map(const DecodeParams& p, int tile_tokens, CUtensorMap* ma
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-template <int kFormat, int kVariant = kFp8Tile32, bool kPaged = false>
-cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
-  using Tile = KvTile<kFormat, kVariant>;
-  constexpr int kSmem = split_smem_bytes<kFormat, kVariant>();
-  // The >48 KB dynamic shared memory opt-in is per device; set it once for each.
+// The >48 KB dynamic shared memory opt-in of kKernel is per device; set it once for each.
+template <auto kKernel>
+cudaError_t allow_dynamic_smem(int bytes) {
   static bool configured[kMaxDevices] = {};
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(decode_split_kernel<kFormat, kVariant, kPaged>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (err != cudaSuccess) return err;
     configured[device] = true;
   }
+  return cudaSuccess;
+}
+
+template <int kFormat, int kVariant = kFp8Tile32, bool kPaged = false>
+cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
+  using Tile = KvTile<kFormat, kVariant>;
+  constexpr int kSmem = split_smem_bytes<kFormat, kVariant>();
+  cudaError_t err = allow_dynamic_smem<decode_split_kernel<kFormat, kVariant, kPaged>>(kSmem);
+  if (err != cudaSuccess) return err;
   CUtensorMap kv_map = {};
   if (Tile::kTma) {
     err = fp8_tile_map(p, Tile::kTileTokens, &kv_map);
@@ -65,15 +71,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
 // The MXFP4 warpgroup-MMA kernel (mxfp4_wgmma.cuh): one warpgroup per CTA, two CTAs per SM.
 cudaError_t launch_mxfp4_wgmma(const DecodeParams& p, cudaStream_t stream) {
   constexpr int kSmem = wgmma_mxfp4::kSmemBytes;
-  static bool configured[kMaxDevices] = {};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
+  const cudaError_t err = allow_dynamic_smem<decode_mxfp4_wgmma_kernel>(kSmem);
   if (err != cudaSuccess) return err;
-  if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(decode_mxfp4_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-    if (err != cudaSuccess) return err;
-    configured[device] = true;
-  }
   const dim3 grid(p.num_splits, p.max_q_len * head_groups(p.num_heads), p.batch);
   decode_mxfp4_wgmma_kernel<<<grid, kThreads, kSmem, stream>>>(p);
   return cudaGetLastError();

@@ -147,25 +147,10 @@ struct DsMlaQk {
 
   __device__ __forceinline__ void prepare(const DecodeParams& p, int warp, int g, int t, float,
                                           float* qmax_smem, const uint32_t qw[2][kKSteps][2]) {
-    float mx[2] = {0.f, 0.f};
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-      for (int j = 0; j < kKSteps; ++j)
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const uint32_t w = qw[hr][j][k];
-          mx[hr] = fmaxf(mx[hr], fmaxf(fabsf(bf16_lo_to_f32(w)), fabsf(bf16_hi_to_f32(w))));
-        }
-    head_absmax(mx, warp, g, t, qmax_smem);
     float qmul[2];
+    f16_q_multipliers(qw, warp, g, t, qmax_smem, qmul);
 #pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      int e = 0;
-      frexpf(mx[hr], &e);  // max|q| = f * 2^e, f in [0.5, 1): max|q| * 2^(15-e) lies in [2^14, 2^15)
-      qmul[hr] = (mx[hr] > 0.f && isfinite(mx[hr])) ? exp2f((float)min(15 - e, 126)) : 1.f;
-      coef[hr] = p.sm_scale_log2 / qmul[hr];
-    }
+    for (int hr = 0; hr < 2; ++hr) coef[hr] = p.sm_scale_log2 / qmul[hr];
 #pragma unroll
     for (int j = 0; j < kKSteps; ++j)
 #pragma unroll

@@ -39,6 +39,29 @@ __device__ __forceinline__ void head_absmax(float mx[2], int warp, int g, int t,
   }
 }
 
+// The power of two per head row (g, g + 8) that puts max |q| over all 576 dims in [2^14, 2^15), from this thread's
+// fetched bf16 words (one barrier): f16 then holds every bf16 q of the row exactly, at any |q| (1e4 included).
+__device__ __forceinline__ void f16_q_multipliers(const uint32_t qw[2][kKSteps][2], int warp, int g, int t,
+                                                  float* qmax_smem, float qmul[2]) {
+  float mx[2] = {0.f, 0.f};
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr)
+#pragma unroll
+    for (int j = 0; j < kKSteps; ++j)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const uint32_t w = qw[hr][j][k];
+        mx[hr] = fmaxf(mx[hr], fmaxf(fabsf(bf16_lo_to_f32(w)), fabsf(bf16_hi_to_f32(w))));
+      }
+  head_absmax(mx, warp, g, t, qmax_smem);
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    int e = 0;
+    frexpf(mx[hr], &e);  // max|q| = f * 2^e, f in [0.5, 1): max|q| * 2^(15-e) lies in [2^14, 2^15)
+    qmul[hr] = (mx[hr] > 0.f && isfinite(mx[hr])) ? exp2f((float)min(15 - e, 126)) : 1.f;
+  }
+}
+
 template <typename Rows, bool kF16>
 struct QkHalf {
   uint32_t qa[kKSteps][4];
@@ -84,25 +107,10 @@ struct QkHalf {
           for (int hr = 0; hr < 2; ++hr) qa[j][2 * k + hr] = qw[hr][j][k];
       coef[0] = coef[1] = p.sm_scale_log2;
     } else {
-      float mx[2] = {0.f, 0.f};
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr)
-#pragma unroll
-        for (int j = 0; j < kKSteps; ++j)
-#pragma unroll
-          for (int k = 0; k < 2; ++k) {
-            const uint32_t w = qw[hr][j][k];
-            mx[hr] = fmaxf(mx[hr], fmaxf(fabsf(bf16_lo_to_f32(w)), fabsf(bf16_hi_to_f32(w))));
-          }
-      head_absmax(mx, warp, g, t, qmax_smem);
       float qmul[2];
+      f16_q_multipliers(qw, warp, g, t, qmax_smem, qmul);
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        int e = 0;
-        frexpf(mx[hr], &e);  // max|q| = f * 2^e, f in [0.5, 1): max|q| * 2^(15-e) lies in [2^14, 2^15)
-        qmul[hr] = (mx[hr] > 0.f && isfinite(mx[hr])) ? exp2f((float)min(15 - e, 126)) : 1.f;
-        coef[hr] = p.sm_scale_log2 * kv_scale / qmul[hr];
-      }
+      for (int hr = 0; hr < 2; ++hr) coef[hr] = p.sm_scale_log2 * kv_scale / qmul[hr];
 #pragma unroll
       for (int j = 0; j < kKSteps; ++j)
 #pragma unroll
