@@ -5,8 +5,8 @@ any layout is handled and a plan fixes only the launch: `num_splits` KV splits p
 second kernel (a merge fused into the split kernel was slower on all 176 split plans timed: docs/sm90.md), and for
 fp8 `variant`: "" tiles of 32 tokens, "tile64" tiles of 64 (fewer barriers and softmax passes per token, coarser
 ends of rows: each is the fastest on some shapes, docs/sm90.md v42); for mxfp4, "" expands each tile to bf16 for
-mma.sync and "wgmma" decodes K in registers for warpgroup MMA (mxfp4_wgmma.cuh; contiguous caches, paged ones expand). `lse` (optional) gets each row's natural-log
-LSE. One C++ call per forward (binding.cpp), on the current stream, with no sync and no allocation: the split
+mma.sync and "wgmma" decodes K in registers for warpgroup MMA (mxfp4_wgmma.cuh; contiguous caches, paged ones
+expand). `lse` (optional) gets each row's natural-log LSE. One C++ call per forward (binding.cpp), on the current stream, with no sync and no allocation: the split
 workspace is made at plan time for the plan's most query rows and owned by its DecodePlan (freed with it); outputs
 are never reused.
 

@@ -87,7 +87,7 @@ enum IndptrViolation : int { kBadQoIndptr = 1, kBadKvIndptr = 2 };
 // kFp8Gather (paged caches whose pages are not whole tiles: page sizes 1 and 16) copies 32-token tiles row by row
 // with cp.async into the same swizzled layout the TMA boxes leave, since a box cannot cross pages.
 enum Fp8Variant : int { kFp8Tile32 = 0, kFp8Tile64 = 1, kFp8Gather = 2 };
-// The MXFP4 kernels (the same launch parameter): kMxfp4Expand expands each tile to bf16 for mma.sync (decode_split.cuh);
+// The MXFP4 kernels (the same launch parameter): kMxfp4Expand expands each tile to bf16 for mma.sync;
 // kMxfp4Wgmma decodes K in registers for warpgroup MMA (mxfp4_wgmma.cuh; contiguous caches: paged ones expand).
 enum Mxfp4Variant : int { kMxfp4Expand = 0, kMxfp4Wgmma = 1 };
 

@@ -16,7 +16,8 @@
 //                 into fp32 (x 2^base, hi + lo / 16 combined) while the next block runs.
 // Exactness: every product is of exact values (the folded K and V, Q and P in two terms); the roundings are Q's and
 // P's second terms and the fp8 accumulator between promotions (CPU emulation benchmarks/sm90/mxfp4_wgmma_arith.py:
-// 0.5-1.8e-3 against exact attention; measured 1.7e-3 on an H100). A block more than 2^26 below its tile's largest is
+// 0.5-1.8e-3 against exact attention; issue 34's probe of this loop measured 1.7e-3 on an H100; this kernel has not
+// run on a GPU yet). A block more than 2^26 below its tile's largest is
 // read as if 2^26 below (its values off by under 2^-24 of the tile's largest value). Paged caches take the
 // expanding kernel (decode.cu).
 #pragma once
@@ -54,7 +55,7 @@ constexpr int kPBytes = 2 * kQStep;                         // 64 tokens = 2 k-s
 constexpr int kVBytes = (kHeadDimV / 64) * 2 * kVRegion;    // 40960
 constexpr int kCodeBytes = kTileTokens * kFp4RowBytes;      // 18432
 constexpr int kStageBytes = kCodeBytes + kTileTokens * kFp4ScaleCols;
-constexpr int kExchangeFloats = 3 * kWarps * kHeadGroup;    // tile maxima, row sums, the tile tops and Q exponents
+constexpr int kExchangeFloats = 2 * kWarps * kHeadGroup + kHeadGroup;   // tile maxima, row sums, Q exponents
 constexpr int kOutBytes = kHeadGroup * kHeadDimV * 2;       // the bf16 output rows, staged in V^T's region
 
 constexpr int kQOffset = 0, kPOffset = kQBytes, kVOffset = kPOffset + kPBytes, kStageOffset = kVOffset + kVBytes;
@@ -410,7 +411,8 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int h = 4 * i + t;
-    const float sum = (row_sum[h] + row_sum[kHeadGroup + h]) + (row_sum[2 * kHeadGroup + h] + row_sum[3 * kHeadGroup + h]);
+    const float sum =
+        (row_sum[h] + row_sum[kHeadGroup + h]) + (row_sum[2 * kHeadGroup + h] + row_sum[3 * kHeadGroup + h]);
     const float inv = sum > 0.f ? 1.f / sum : 0.f;
 #pragma unroll
     for (int mb = 0; mb < 8; ++mb)
