@@ -467,7 +467,12 @@ def device_table_file(device):
     """table_file of a torch device (its name read only where its arch has device tables: no sync)."""
     device = torch.device(device)
     arch = device_arch(device)
-    return table_file(arch, torch.cuda.get_device_name(device) if arch in DEVICE_TABLE_FILES else None)
+    return table_file(arch, _device_name(device.index) if arch in DEVICE_TABLE_FILES else None)
+
+
+@functools.lru_cache(maxsize=None)   # bounded: one entry per CUDA device index
+def _device_name(index):
+    return torch.cuda.get_device_name(index)
 
 
 @functools.lru_cache(maxsize=None)
