@@ -467,7 +467,9 @@ def device_table_file(device):
     """table_file of a torch device (its name read only where its arch has device tables: no sync)."""
     device = torch.device(device)
     arch = device_arch(device)
-    return table_file(arch, _device_name(device.index) if arch in DEVICE_TABLE_FILES else None)
+    if arch not in DEVICE_TABLE_FILES:
+        return table_file(arch)
+    return table_file(arch, _device_name(torch.cuda.current_device() if device.index is None else device.index))
 
 
 @functools.lru_cache(maxsize=None)   # bounded: one entry per CUDA device index
