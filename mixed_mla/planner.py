@@ -357,13 +357,14 @@ def batch_invariant_plan(plan: Plan, kv_len: int) -> Plan:
     rows over workgroups, a split per share of the longest row (at least 2, so every row takes the same path,
     partials and the merge, whatever the longest row of its launch; a row's count, ceil(len / share), never exceeds
     ceil(kv_len / BATCH_INVARIANT_SPLIT_TOKENS) nor MAX_SPLITS), the merge by a second kernel (its order is fixed),
-    and the variant of the largest tile that divides the share (fewest tiles per split). The routers refuse a
-    backend without the mode (BATCH_INVARIANT_REASON)."""
+    and the variant of the largest tile that divides the share (fewest tiles per split; a measured-only variant only
+    when the plan has it). The routers refuse a backend without the mode (BATCH_INVARIANT_REASON)."""
     declared = spec(plan.backend)
     marked = dict(split_tokens=BATCH_INVARIANT_SPLIT_TOKENS, source=plan.source + "+batch_invariant")
     if not declared.splits_kv:
         return replace(plan, **marked)
-    tiles = {variant: declared.tile_tokens.get(variant, 1) for variant in declared.variants_for(plan.kv_format)}
+    tiles = {variant: declared.tile_tokens.get(variant, 1) for variant in declared.variants_for(plan.kv_format)
+             if variant == plan.variant or variant not in declared.measured_only_variants}
     variant = max(tiles, key=lambda name: (BATCH_INVARIANT_SPLIT_TOKENS % tiles[name] == 0, tiles[name]))
     splits = min(MAX_SPLITS, -(-max(kv_len, 1) // BATCH_INVARIANT_SPLIT_TOKENS))
     return replace(plan, num_splits=max(2, splits), variant=variant, **marked)

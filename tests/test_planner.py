@@ -270,6 +270,18 @@ def test_a_format_specific_variant_is_a_candidate_of_its_format_only():
     assert variants("torch", "fp8") == ("",)
 
 
+def test_a_measured_only_variant_is_never_picked_implicitly():
+    """cuda_sm90's MXFP4 wgmma kernel has no device evidence: neither the heuristic nor the batch-invariant rewrite
+    (which otherwise takes the largest tile) chooses it; a plan that names it keeps it."""
+    assert backends.spec("cuda_sm90").measured_only_variants == ("wgmma",)
+    plan = plan_for("sm90", 256, 1, 8192, 16, "mxfp4")
+    assert plan.variant == ""
+    assert planner.batch_invariant_plan(plan, 8192).variant == ""
+    named = Plan("cuda_sm90", "mxfp4", 2, "wgmma")
+    assert planner.batch_invariant_plan(named, 8192).variant == "wgmma"
+    assert planner.batch_invariant_plan(plan_for("sm90", 256, 1, 8192, 16, "fp8"), 8192).variant == "tile64"
+
+
 def test_the_heuristic_takes_64_token_fp8_tiles_for_long_splits_only():
     long_rows = plan_for("sm90", 256, 1, 8192, 16, "fp8")       # 2 splits of 4096 tokens
     short_rows = plan_for("sm90", 64, 1, 1024, 16, "fp8")       # 4 splits of 256 tokens

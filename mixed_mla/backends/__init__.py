@@ -55,6 +55,8 @@ class BackendSpec:
                                                           # rounded up to whole tiles (the planner drops empty splits)
     long_split_variant: dict = field(default_factory=dict)  # format -> (variant, min tokens per split): the
                                                             # default variant when a split's share is that long
+    measured_only_variants: tuple = ()   # variants the planner never picks on its own (only a measured table entry
+                                         # or the caller's plan names them): kernels with no device evidence yet
     kernel_dir: Optional[str] = None   # its sources under mixed_mla/kernels/ (what the bundle ships for it)
     workspace: Optional[Callable] = None   # (plan, max_total_q, num_heads, device[, buffer]) -> what
                                            # run(workspace=) takes; made at plan time, owned and freed by the plan;

@@ -212,6 +212,7 @@ SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS + (DS_MLA_FORMAT,), fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
     variants=tuple(VARIANTS), variant_formats=VARIANT_FORMATS, tile_tokens=TILE_TOKENS,
-    long_split_variant={"fp8": ("tile64", 1024)}, kernel_dir=KERNEL_DIR, workspace=make_workspace,
+    long_split_variant={"fp8": ("tile64", 1024)}, measured_only_variants=("wgmma",), kernel_dir=KERNEL_DIR,
+    workspace=make_workspace,
     workspace_bytes=workspace_bytes, lse=True,
     serves=lambda kv_format: kv_format != DS_MLA_FORMAT or os.environ.get(DS_MLA_OPT_IN) == "1")
