@@ -79,12 +79,7 @@ struct DsMlaRows {
     const uint32_t b = lds<uint32_t>(r0 + kRowStride);
     const uint32_t c = lds<uint32_t>(r0 + 8 * kRowStride);
     const uint32_t e = lds<uint32_t>(r0 + 9 * kRowStride);
-    const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
-    const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
-    e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
-    e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
-    e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
-    e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
+    e4m3_v_fragments(a, b, c, e, vb);
   }
 };
 
@@ -132,12 +127,7 @@ struct DsMlaQk {
       const uint16_t* block = src + warp * kDimsPerWarpV;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(block + 16 * DsMlaRows::k_chunk(c, t)));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(block + 16 * DsMlaRows::k_chunk(c, t) + 8));
-        qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
-        qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
-        qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
-        qw[hr][4 * c + 3][0] = b.z; qw[hr][4 * c + 3][1] = b.w;
+        fetch_q_chunk(block + 16 * DsMlaRows::k_chunk(c, t), qw[hr] + 4 * c);
       }
       const uint16_t* rope = src + kHeadDimV + 16 * warp + 2 * t;
       qw[hr][kRopeStep][0] = __ldg(reinterpret_cast<const uint32_t*>(rope));

@@ -63,6 +63,17 @@ struct Bf16Rows {
   }
 };
 
+// V's f16 B fragments of one k-step and dim group from four e4m3 words: 4 dims (bytes) of token rows 2t, 2t + 1, 2t + 8
+// and 2t + 9 (a, b, c, e); the token pairs interleaved by PRMT, each e4m3 converted exactly.
+__device__ __forceinline__ void e4m3_v_fragments(uint32_t a, uint32_t b, uint32_t c, uint32_t e, uint32_t vb[4][2]) {
+  const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
+  const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
+  e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
+  e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
+  e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
+  e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
+}
+
 // fp8 rows as the TMA boxes leave them (config.h): byte d of row r at box d / 128, row r, 16-byte chunk
 // ((d / 16) % 8) ^ (r % 8). The K fragments take a warp's 16-dim chunks as 2t + c (not 4c + t as in the padded
 // layouts), so that the two rows of a quarter-warp's 16-byte loads hit chunks of opposite parity, i.e. different
@@ -106,12 +117,7 @@ struct Fp8SwizzledRows {
     const uint32_t b = lds<uint32_t>(r1);
     const uint32_t c = lds<uint32_t>(r0 + 8 * kFp8BoxBytes);
     const uint32_t e = lds<uint32_t>(r1 + 8 * kFp8BoxBytes);
-    const uint32_t ab01 = prmt(a, b, 0x5140), ab23 = prmt(a, b, 0x7362);
-    const uint32_t cd01 = prmt(c, e, 0x5140), cd23 = prmt(c, e, 0x7362);
-    e4m3x4_to_f16x4(ab01, vb[0][0], vb[1][0]);
-    e4m3x4_to_f16x4(cd01, vb[0][1], vb[1][1]);
-    e4m3x4_to_f16x4(ab23, vb[2][0], vb[3][0]);
-    e4m3x4_to_f16x4(cd23, vb[2][1], vb[3][1]);
+    e4m3_v_fragments(a, b, c, e, vb);
   }
 
   __device__ __forceinline__ static void load_k(const uint8_t* tile, const Lane& lane, int n,

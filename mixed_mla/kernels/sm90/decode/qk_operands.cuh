@@ -39,6 +39,17 @@ __device__ __forceinline__ void head_absmax(float mx[2], int warp, int g, int t,
   }
 }
 
+// One 16-dim chunk of a Q row (bf16) as the 4 k-steps' word pairs (dims 4j .. 4j + 3 for k-step j), loaded now and
+// waited for at first use.
+__device__ __forceinline__ void fetch_q_chunk(const uint16_t* chunk, uint32_t (*qw)[2]) {
+  const uint4 a = __ldg(reinterpret_cast<const uint4*>(chunk));
+  const uint4 b = __ldg(reinterpret_cast<const uint4*>(chunk + 8));
+  qw[0][0] = a.x; qw[0][1] = a.y;
+  qw[1][0] = a.z; qw[1][1] = a.w;
+  qw[2][0] = b.x; qw[2][1] = b.y;
+  qw[3][0] = b.z; qw[3][1] = b.w;
+}
+
 // The power of two per head row (g, g + 8) that puts max |q| over all 576 dims in [2^14, 2^15), from this thread's
 // fetched bf16 words (one barrier): f16 then holds every bf16 q of the row exactly, at any |q| (1e4 included).
 __device__ __forceinline__ void f16_q_multipliers(const uint32_t qw[2][kKSteps][2], int warp, int g, int t,
@@ -83,12 +94,7 @@ struct QkHalf {
       const uint16_t* src = p.q + row * p.q_row_stride + head * p.q_head_stride + warp * kDimsPerWarpQK;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t)));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(src + 16 * Rows::k_chunk(c, t) + 8));
-        qw[hr][4 * c + 0][0] = a.x; qw[hr][4 * c + 0][1] = a.y;
-        qw[hr][4 * c + 1][0] = a.z; qw[hr][4 * c + 1][1] = a.w;
-        qw[hr][4 * c + 2][0] = b.x; qw[hr][4 * c + 2][1] = b.y;
-        qw[hr][4 * c + 3][0] = b.z; qw[hr][4 * c + 3][1] = b.w;
+        fetch_q_chunk(src + 16 * Rows::k_chunk(c, t), qw[hr] + 4 * c);
       }
       const uint2 u = __ldg(reinterpret_cast<const uint2*>(src + 128 + 4 * t));
       qw[hr][8][0] = u.x; qw[hr][8][1] = u.y;
