@@ -127,6 +127,8 @@ def test_a_kernel_that_reads_the_indptr_first_is_caught():
 @pytest.mark.parametrize("source, flags", [
     ("instruction_rates.cu", []),                          # the instruction rates of docs/sm90.md#the-budget
     ("stream_read.cu", ["-shared", "-Xcompiler", "-fPIC"]),  # benchmarks/sm90/protocol_floor.py's read probe
+    # the MXFP4 wgmma kernel's instructions, alone and in contention, through the kernel's own headers
+    ("wgmma_rates.cu", ["-std=c++17", "-I", str(ROOT / "mixed_mla" / "kernels" / "sm90" / "decode")]),
 ])
 def test_bench_probe_compiles(tmp_path, source, flags):
     """The device probes under benchmarks/sm90/ still build for sm_90a (they run only on the GPU)."""

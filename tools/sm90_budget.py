@@ -11,10 +11,7 @@ built and measured; the counts are static (the rare rebase path of the softmax i
 kernel's __syncthreads_or) says some score or (fp8_ds_mla) block scale passed its base, i.e. the first tile and
 rarely after.
 
-With --probe it counts the tile loops of benchmarks/sm90/mxfp4_wgmma_probe.cu instead (issue 34's warpgroup-MMA
-MXFP4 design: one warpgroup per 64-token tile; wgmma is HGMMA in the listing, one per m64n32k32).
-
-Usage: python tools/sm90_budget.py [--json] [--probe]   (exit status 2 when nvcc or nvdisasm is missing)
+Usage: python tools/sm90_budget.py [--json]   (exit status 2 when nvcc or nvdisasm is missing)
 """
 import argparse
 import importlib.util
@@ -125,33 +122,13 @@ def budget(kernel: str, body: str) -> LoopBudget:
     return result
 
 
-PROBE = Path(__file__).resolve().parents[1] / "benchmarks" / "sm90" / "mxfp4_wgmma_probe.cu"
-PROBE_KERNEL = "tile_loop_kernel"
-PROBE_TILE_TOKENS = 64   # the probe's kTileTokens (wgmma M); its CTA is one warpgroup, WARPS warps
-PROBE_VARIANTS = {"0": "full", "1": "no O^T", "2": "no decode"}   # the probe's Variant enum
-
-
-def split_kernels(sass: str, kernel: str = "decode_split_kernel") -> list:
-    """(readable name, body) of every `kernel` in an nvdisasm listing; the split kernels include the MXFP4 wgmma
-    kernel."""
+def split_kernels(sass: str) -> list:
+    """(readable name, body) of every split kernel in an nvdisasm listing, the MXFP4 wgmma kernel included."""
     starts = [(m.start(), m.group(1)) for m in FUNCTION.finditer(sass)]
     functions = [(name, sass[pos:starts[i + 1][0] if i + 1 < len(starts) else len(sass)])
                  for i, (pos, name) in enumerate(starts)]
-    names = (kernel, sm90_report.WGMMA_KERNEL) if kernel == "decode_split_kernel" else (kernel,)
-    return [(sm90_report.demangle_name(name) if kernel == "decode_split_kernel" else name, body)
-            for name, body in functions if any(n in name for n in names)]
-
-
-def probe_budget(name: str, body: str) -> LoopBudget:
-    """The probe's tile loop (the loop over iterations of its resident tile) per token."""
-    variant = PROBE_VARIANTS[re.search(r"tile_loop_kernelILi(\d)E", name).group(1)]
-    opcodes, labels, branches = parse_function(body)
-    first, last = tile_loop(opcodes, labels, branches)
-    result = LoopBudget(f"mxfp4 wgmma tile loop <{variant}>", PROBE_TILE_TOKENS)
-    result.by_class = dict(Counter(opcode_class(op) for op in opcodes[first:last + 1]))
-    result.per_tile = last - first + 1
-    result.per_token = result.per_tile * WARPS / result.tile_tokens
-    return result
+    return [(sm90_report.demangle_name(name), body) for name, body in functions
+            if "decode_split_kernel" in name or sm90_report.WGMMA_KERNEL in name]
 
 
 def find_nvdisasm():
@@ -179,19 +156,14 @@ def disassemble(nvcc: str, nvdisasm: str, source: Path) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--probe", action="store_true", help="count benchmarks/sm90/mxfp4_wgmma_probe.cu's loops")
     args = parser.parse_args()
     nvcc = sm90_report.find_nvcc()
     nvdisasm = find_nvdisasm()
     if nvcc is None or nvdisasm is None:
         print("needs nvcc and nvdisasm (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
-    if args.probe:
-        sass = disassemble(nvcc, nvdisasm, PROBE)
-        budgets = [probe_budget(name, body) for name, body in split_kernels(sass, PROBE_KERNEL)]
-    else:
-        sass = disassemble(nvcc, nvdisasm, sm90_report.materialize(sm90_report.KERNEL_DIR) / "decode.cu")
-        budgets = [budget(name, body) for name, body in split_kernels(sass)]
+    sass = disassemble(nvcc, nvdisasm, sm90_report.materialize(sm90_report.KERNEL_DIR) / "decode.cu")
+    budgets = [budget(name, body) for name, body in split_kernels(sass)]
     if args.json:
         print(json.dumps([asdict(b) | {"hmma_per_token": b.hmma_per_token} for b in budgets], indent=1))
         return 0

@@ -12,6 +12,7 @@
                           (protocol_floor and host_overhead load it)
     instruction_rates.cu  issue rates of the decode loop's instructions (a standalone program)
     release_check.sh      the release check of the bundled submission, in one device call (results/release/)
-    mxfp4_wgmma_probe     issue 34's experiments: the warpgroup-MMA MXFP4 tile loop, a wgmma rate probe and the
-                          arithmetic's accuracy (mxfp4_wgmma_probe.cu, mxfp4_wgmma_arith.py; results/mxfp4_wgmma/)
+    wgmma_rates.cu        wgmma rates of the MXFP4 wgmma kernel's instructions, alone and beside a shared-memory
+                          stream (a standalone program: nvcc -I mixed_mla/kernels/sm90/decode)
+    mxfp4_wgmma_arith     the MXFP4 wgmma kernel's arithmetic emulated on the CPU (results/mxfp4_wgmma/)
 """

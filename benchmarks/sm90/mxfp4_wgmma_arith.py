@@ -1,4 +1,6 @@
-"""The arithmetic of issue 34's warpgroup-MMA MXFP4 design, emulated on the CPU rounding by rounding (experiment c).
+"""The arithmetic of the warpgroup-MMA MXFP4 kernel (mixed_mla/kernels/sm90/decode/mxfp4_wgmma.cuh; issue 34's
+design), emulated on the CPU rounding by rounding (experiment c). `python -m benchmarks.sm90.mxfp4_wgmma_arith --out
+DIR` writes the design's error and its negative cases' (results/mxfp4_wgmma/cpu_accuracy.md).
 
 The design (docs/sm90.md, "MXFP4 on the H200: the warpgroup-MMA experiments"):
 - K's e2m1 codes are decoded to e5m2 with the block scale folded in against one power-of-two base per 64-token
@@ -20,12 +22,15 @@ accumulation on H800 retains around 14 bits, promoted every 128 elements = 4 WGM
 running accumulator is rounded toward zero to `ACCUMULATOR_MANTISSA_BITS` explicit mantissa bits (the 32 products of
 the step summed exactly first). Rounding toward zero makes the error one-signed, the pessimistic reading.
 """
+import argparse
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from mixed_mla.constants import E8M0_BIAS, MXFP4_BLOCK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, V_HEAD_DIM
-from mixed_mla.formats import E2M1_VALUES, as_uint8
+from mixed_mla.constants import DEFAULT_SM_SCALE, E8M0_BIAS, MXFP4_BLOCK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, V_HEAD_DIM
+from mixed_mla.formats import E2M1_VALUES, as_uint8, quantize_mxfp4
 
 TILE_TOKENS = 64
 K_STEP = 32                      # wgmma m64nNk32: 32 k values per instruction (one MXFP4 block of K)
@@ -167,3 +172,44 @@ def exact_row(q: torch.Tensor, values: torch.Tensor, exponents: torch.Tensor, sm
           * torch.exp2(exponents.double()).unsqueeze(-1)).reshape(-1, QK_HEAD_DIM)
     probs = torch.softmax((q @ kv.T) * sm_scale, dim=-1)
     return probs @ kv[:, :V_HEAD_DIM]
+
+
+HEADS = 16
+Q_SCALES = (1e-3, 1.0, 1e2, 1e4)
+KV_LENGTHS = (1024, 8192)
+
+
+def cpu_table() -> list:
+    """The design and its negative cases on whole rows (kv 1024 and 8192), relative L2 against exact attention."""
+    variants = {"design": Arithmetic(), "one-term P": Arithmetic(two_term_p=False),
+                "no S promotion": Arithmetic(promote_s_every=0),
+                "no O promotion": Arithmetic(promote_o_per_tile=False)}
+    lines = ["| kv | q scale | " + " | ".join(variants) + " |", "|---|---|" + "---:|" * len(variants)]
+    for kv_len in KV_LENGTHS:
+        gen = torch.Generator().manual_seed(kv_len)
+        kv = torch.randn(kv_len, 1, QK_HEAD_DIM, generator=gen).to(torch.bfloat16).float()
+        values, exponents = decode_cache(*quantize_mxfp4(kv))
+        for q_scale in Q_SCALES:
+            q = (torch.randn(HEADS, QK_HEAD_DIM, generator=gen) * q_scale).to(torch.bfloat16).double()
+            exact = exact_row(q, values, exponents, DEFAULT_SM_SCALE)
+            cells = []
+            for arithmetic in variants.values():
+                out, _ = attention_row(q, values, exponents, DEFAULT_SM_SCALE, arithmetic)
+                cells.append(f"{((out.to(torch.bfloat16).double() - exact).norm() / exact.norm()).item():.2e}")
+            lines.append(f"| {kv_len} | {q_scale:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(cpu_table()) + "\n"
+    print(text, end="")
+    (args.out / "cpu_accuracy.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
