@@ -6,11 +6,11 @@ scale)`; this is that call, for the three formats paged.py reads:
   len(slot_mapping): rows past n (an engine's padding) are not read;
 - slot_mapping (n,) int64 / int32: slot s is row s % page_size of page s // page_size; any negative slot writes
   nothing (vLLM's padding is -1);
-- kv_cache_dtype as engines name it: "auto" / "bf16" (kv_cache bf16 (num_pages, page_size, 576)), "fp8" / "fp8_e4m3"
-  (kv_cache (num_pages, page_size, 576) e4m3fn or uint8, `scale` its static float32 scale, 0-dim or (1,), never
-  recomputed), "mxfp4" (kv_cache the pair (packed (num_pages, page_size, 288), scales (num_pages, page_size, 24)),
-  each row's 18 e8m0 block scales computed from the row, columns 18-23 left as they were; `scale` None). Pages may
-  lie further apart than page_size rows (paged.paged_cache_of parses the cache as decode_paged does).
+- kv_cache_dtype as engines name it: "auto" / "bfloat16" / "bf16" (kv_cache bf16 (num_pages, page_size, 576)),
+  "fp8" / "fp8_e4m3" (kv_cache (num_pages, page_size, 576) e4m3fn or uint8, `scale` its static float32 scale, 0-dim
+  or (1,), never recomputed), "mxfp4" (kv_cache the pair (packed (num_pages, page_size, 288), scales (num_pages,
+  page_size, 24)), each row's 18 e8m0 block scales computed from the row, columns 18-23 left as they were; `scale`
+  None). Pages may lie further apart than page_size rows (paged.paged_cache_of parses the cache as decode_paged does).
 - fp8_rounding: "single" (default, the engines' rule: e4m3fn(round(x / scale)) of the float32 quotient, saturated
   to +-448) or "double" (the problem generator's: the quotient rounded to bf16 first, then to e4m3fn; 3.45% of bytes
   land one ulp away from the single rounding), which writes the bytes formats.quantize_fp8 gives the whole cache.
@@ -18,6 +18,9 @@ scale)`; this is that call, for the three formats paged.py reads:
 decode_paged reads it (fp8 as the pair (data, scale)), with the generator's double rounding: the problem's caches.
 "fp8_ds_mla" (DeepSeek-V3.2's 656-byte rows, one uint8 tensor (num_pages, page_size, 656)) is written as vLLM's
 writer rounds it (formats.encode_ds_mla_rows), by torch on every device.
+A bf16 or fp8_ds_mla cache has no static scale, but vLLM's MLA layer passes its `layer._k_scale` whatever the cache
+(its bf16 and ds_mla writers ignore it): a scale given there is checked as the fp8 one is (one float32, shape () or
+(1,), on kv_c's device), then ignored.
 
 One implementation, two engines of it: on sm_90a one fused kernel per call (kernels/sm90/cache_write/, built ahead of
 time or JIT like the decode), elsewhere torch ops (vectorised, no Python loop over rows); tests/test_cache_write.py
@@ -42,11 +45,13 @@ import torch
 from .constants import DS_MLA_FORMAT, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
 from .formats import FP8_DTYPE, as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
 from .paged import paged_cache_of
-from .validate import check_kv_format, check_placement, check_tensor, flag_of, indexed_device
+from .validate import check_fp8_scale, check_kv_format, check_placement, check_tensor, flag_of, indexed_device
 
 # kv_cache_dtype as vLLM and aiter name it -> this package's kv_format
-KV_CACHE_DTYPES = {"auto": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "mxfp4": "mxfp4",
-                   DS_MLA_FORMAT: DS_MLA_FORMAT}   # vLLM names DeepSeek-V3.2's 656-byte cache "fp8_ds_mla" too
+# ("auto" and "bfloat16" are vLLM's CacheDType names of a cache in the model's bf16; vLLM names DeepSeek-V3.2's
+# 656-byte cache "fp8_ds_mla" too)
+KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
+                   "mxfp4": "mxfp4", DS_MLA_FORMAT: DS_MLA_FORMAT}
 FP8_ROUNDINGS = ("single", "double")
 SLOT_DTYPES = (torch.int64, torch.int32)         # vLLM's slot_mapping is int64; int32 is accepted too
 # The fused kernels by the arch they serve (an arch absent here writes with torch ops).
@@ -77,8 +82,10 @@ def concat_and_cache_mla(kv_c, k_pe, kv_cache, slot_mapping, kv_cache_dtype, sca
         if scale is None:
             raise ValueError(f"kv_cache_dtype {kv_cache_dtype!r} needs the cache's static scale (a float32 tensor)")
         kv_cache = (kv_cache, scale)
-    elif kv_format in ("mxfp4", DS_MLA_FORMAT) and scale is not None:
+    elif kv_format == "mxfp4" and scale is not None:
         raise ValueError(f"a {kv_format} cache computes its block scales from each row: scale must be None")
+    elif scale is not None and isinstance(kv_c, torch.Tensor):   # bf16, fp8_ds_mla: an engine's unused static scale
+        check_fp8_scale(scale, kv_c.device, anchor="kv_c")           # (module docstring); a bad kv_c is _write's error
     _write(kv_c, k_pe, kv_cache, slot_mapping, kv_format, fp8_rounding, validate)
 
 

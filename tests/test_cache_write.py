@@ -16,7 +16,8 @@ import torch
 
 import mixed_mla
 from mixed_mla import append, formats, paged
-from mixed_mla.constants import KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
+from mixed_mla.constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW,
+                                 QK_HEAD_DIM, QK_ROPE_HEAD_DIM)
 
 POISON = 0x5A
 NUM_PAGES, PAGE_SIZE = 5, 16
@@ -98,8 +99,8 @@ def make_case(n=70, padding=5, seed=0, device="cpu", slot_dtype=torch.int64, spe
 
 
 def empty_cache(kv_format, device, page_gap=0):
-    """A POISON cache in the engines' layout: bf16 / fp8 a tensor, mxfp4 the pair; pages `page_gap` rows apart beyond
-    page_size (views into a larger buffer)."""
+    """A POISON cache in the engines' layout: bf16 / fp8 / fp8_ds_mla a tensor, mxfp4 the pair; pages `page_gap` rows
+    apart beyond page_size (views into a larger buffer)."""
     def pages(width):
         buffer = torch.full((NUM_PAGES, PAGE_SIZE + page_gap, width), POISON, dtype=torch.uint8, device=device)
         return buffer[:, :PAGE_SIZE]
@@ -107,6 +108,8 @@ def empty_cache(kv_format, device, page_gap=0):
         return pages(2 * QK_HEAD_DIM).view(torch.bfloat16)
     if kv_format == "fp8":
         return pages(QK_HEAD_DIM).view(torch.float8_e4m3fn)
+    if kv_format == DS_MLA_FORMAT:
+        return pages(DS_MLA_ROW_BYTES)
     return pages(QK_HEAD_DIM // 2), pages(24)
 
 
@@ -148,7 +151,7 @@ def _write(case, cache, kv_cache_dtype, scale=None, **kwargs):
 
 # ---- the convention, on the CPU (the torch writer) ----
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bf16", *FP8_NAMES, "mxfp4"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "bf16", *FP8_NAMES, "mxfp4"])
 @pytest.mark.parametrize("slot_dtype", [torch.int64, torch.int32])
 def test_every_format_writes_the_convention_bytes(kv_cache_dtype, slot_dtype):
     """Strided kv_c / k_pe padded past slot_mapping, negative slots skipped, strided pages: the reference bytes."""
@@ -224,6 +227,25 @@ def test_a_bad_fp8_scale_writes_nothing(scale):
     assert all(bool((part == POISON).all()) for part in cache_rows(cache))
     with pytest.raises(ValueError, match="fp8 scale that is not a finite positive number"):
         append.raise_append_errors("cpu")
+
+
+@pytest.mark.parametrize("scale_shape", [(), (1,)])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "fp8_ds_mla"])
+def test_an_engines_unused_static_scale_is_accepted_and_ignored(kv_cache_dtype, scale_shape):
+    """vLLM's MLA layer passes its layer._k_scale (one float32) with every cache dtype; a bf16 or fp8_ds_mla cache has
+    no static scale, so the write is the one without it, bit for bit; a scale of the wrong dtype, shape or device is
+    still refused."""
+    case = make_case(n=12, padding=2, seed=7)
+    kv_format = append.KV_CACHE_DTYPES[kv_cache_dtype]
+    with_scale, without = empty_cache(kv_format, "cpu"), empty_cache(kv_format, "cpu")
+    _write(case, with_scale, kv_cache_dtype, torch.full(scale_shape, 0.37))
+    _write(case, without, kv_cache_dtype)
+    assert torch.equal(cache_rows(with_scale)[0], cache_rows(without)[0])
+    assert not torch.equal(cache_rows(without)[0], cache_rows(empty_cache(kv_format, "cpu"))[0])
+    for bad, error in ((torch.tensor(0.37, dtype=torch.float64), TypeError), (torch.ones(2), ValueError),
+                       (torch.tensor(0.37, device="meta"), RuntimeError)):
+        with pytest.raises(error, match="fp8 kv scale"):
+            _write(case, empty_cache(kv_format, "cpu"), kv_cache_dtype, bad)
 
 
 @pytest.mark.parametrize("call,error,match", [
