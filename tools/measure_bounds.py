@@ -7,14 +7,20 @@ scores stay ~N(0, 1) at the problem's scale) at every scale of exact.CHECKED_SM_
 relative L2 error against exact attention with Q as the path's kernel rounds it (exact.path_attention, the oracle
 every check uses) and, where the path writes it, the worst natural-log LSE error against the same. Paths:
     torch              the torch backend (api.decode / paged.decode_paged forced to it), contiguous and paged
-    cuda_sm90          the compiled sm90 backend the same way (an H100/H200)
+    cuda_sm90          the compiled sm90 backend the same way (an H100/H200), fp8_ds_mla too (its opt-in set here)
     hip_gfx950_twin    emulator/gfx950/hip_twin, the gfx950 kernels' arithmetic on the CPU (contiguous, no LSE)
     hip_gfx950_lanes   the gfx950 kernel source on CPU lanes (needs ziglang), with its LSE: slow, small layouts
+    aiter_model        the library's aiter route (backends/aiter_mla.py) on the CPU against tests/aiter_model's fake
+                       aiter: aiter's metadata builders as modelled, a float64 decode of the work items that rounds P
+                       to e4m3fn where aiter's a8w8 kernels do (fp8 Q); each "cache" is a (device, metadata builder)
+                       pairing at page size 1, a layout it refuses is skipped; the route's self-check layouts are
+                       measured beside the random ones. No LSE (the route asks aiter for none).
 The self-check is off while measuring (MLA_SELFCHECK=0): the numbers are the path's own.
 
     python tools/measure_bounds.py --path torch                   # writes benchmarks/results/bounds/torch.json
     python tools/measure_bounds.py --path cuda_sm90 --device cuda
     python tools/measure_bounds.py --path hip_gfx950_lanes      # minutes
+    python tools/measure_bounds.py --path aiter_model
 Each run replaces its path's file (date, commit, device and the rows); benchmarks/results/bounds/README.md says
 what each file is.
 """
@@ -30,11 +36,18 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, str(ROOT / "tests"))   # aiter_model, the fake aiter the aiter route is measured against
 os.environ["MLA_SELFCHECK"] = "0"   # before mixed_mla reads it: measure the path, not the router's verdict
 
 from benchmarks import provenance  # noqa: E402
 from mixed_mla import api, exact, formats, paged, selfcheck  # noqa: E402
+from mixed_mla.backends import aiter_mla  # noqa: E402
 from mixed_mla.constants import DS_MLA_FORMAT, KV_FORMATS, QK_HEAD_DIM  # noqa: E402
+from mixed_mla.backends.cuda_sm90 import DS_MLA_OPT_IN  # noqa: E402
+from mixed_mla.planner import Plan  # noqa: E402
+
+# cuda_sm90 serves fp8_ds_mla only when opted in until this tool's rows back it: measure the kernel the opt-in serves
+os.environ[DS_MLA_OPT_IN] = "1"
 
 OUT_DIR = ROOT / "benchmarks/results/bounds"
 Q_LENS = (1, 2, 3, 4)
@@ -42,12 +55,18 @@ PAGE_SIZE = 16
 SEED = 20261205
 # path -> (the backend whose Q rounding the oracle applies, kv formats, caches, layouts per q_len by default, the
 # layouts' largest KV length and head counts)
+# The aiter route's (device, metadata builder) pairings, measured as its "caches": the fake aiter on each device
+# (tests/aiter_model/metadata.py) with fast_mode metadata (variant "fast") and v1_0's (variant "").
+AITER_PAIRINGS = {f"{device} {variant or 'v1_0'}": (device, variant)
+                  for device in ("mi355x", "mi300x") for variant in aiter_mla.VARIANTS}
 PATHS = {
-    "torch": ("torch", KV_FORMATS, ("contiguous", "paged"), 5, 700, (16, 32, 128)),
+    "torch": ("torch", KV_FORMATS + (DS_MLA_FORMAT,), ("contiguous", "paged"), 5, 700, (16, 32, 128)),
     "cuda_sm90": ("cuda_sm90", KV_FORMATS + (DS_MLA_FORMAT,), ("contiguous", "paged"), 8, 4200, (16, 32, 64, 128)),
     "hip_gfx950_twin": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 20, 700, (16, 32)),
     "hip_gfx950_lanes": ("hip_gfx950", ("fp8", "mxfp4"), ("contiguous",), 2, 200, (16,)),
+    "aiter_model": ("aiter", ("bf16", "fp8"), tuple(AITER_PAIRINGS), 5, 700, (16, 32, 128)),
 }
+CPU_ONLY_PATHS = ("hip_gfx950_twin", "hip_gfx950_lanes", "aiter_model")   # emulators and a fake: no device
 TWIN_SPLITS = (1, 2, 3, 7, 16)   # the gfx950 paths take the split count as given (the planner's range)
 
 
@@ -61,6 +80,16 @@ def layouts(q_len: int, count: int, max_kv: int, heads: tuple, rng: random.Rando
             kv_lens[0] = max_kv   # a segment where every query attends several keys
         yield ([(q_len, n) for n in kv_lens], rng.choice(heads), rng.choice((1.0, 1e3, 1e-3)),
                rng.choice(TWIN_SPLITS), rng.randint(0, 2**31))
+
+
+def aiter_selfcheck_layouts(q_len: int, rng: random.Random):
+    """The aiter route's self-check layouts with at most q_len queries a segment, each builder's on each arch (the
+    hardest layouts it serves, which the run-time check holds to the bound), in the form layouts() yields."""
+    for variant in aiter_mla.VARIANTS:
+        for arch in ("gfx950", "gfx942"):
+            segments, heads, _ = aiter_mla.selfcheck_layout(Plan("aiter", "fp8", 1, variant, 1), arch,
+                                                            max_q_len=q_len)
+            yield list(segments), heads, 1.0, rng.choice(TWIN_SPLITS), rng.randint(0, 2**31)
 
 
 def inputs(segments, num_heads, q_magnitude, kv_format, seed):
@@ -90,6 +119,8 @@ class Runner:
             self.lib = lanes.build(materialize("gfx950"), Path(tempfile.mkdtemp(prefix="measure_bounds_")))
 
     def __call__(self, q, cache, kv_format, qo, kvp, sm_scale, num_splits, cache_kind):
+        if self.path == "aiter_model":
+            return self.aiter_model(q, cache, kv_format, qo, kvp, sm_scale, num_splits, cache_kind), None
         if self.path == "hip_gfx950_twin":
             from emulator.gfx950 import hip_twin
             return hip_twin.twin_decode(q, cache, kv_format, qo, kvp, sm_scale, num_splits), None
@@ -109,16 +140,47 @@ class Runner:
         return paged.decode_paged(q, pages, qo, table, lens, kv_format=kv_format, sm_scale=sm_scale,
                                   backend=self.path, return_lse=True)
 
+    @staticmethod
+    def aiter_model(q, cache, kv_format, qo, kvp, sm_scale, num_splits, pairing):
+        """The aiter route's output against the fake aiter of this pairing, or None where the route refuses the
+        layout (its plan_problem / layout_problem, or a refusal at run time)."""
+        import pytest
+        from aiter_model import fake_aiter, metadata
+        device_name, variant = AITER_PAIRINGS[pairing]
+        device = {"mi355x": metadata.MI355X, "mi300x": metadata.MI300X}[device_name]
+        q_lens, kv_lens = qo.diff().tolist(), kvp.diff().tolist()
+        plan = Plan("aiter", kv_format, num_splits, variant, 1)
+        with pytest.MonkeyPatch.context() as patch:
+            fake_aiter.install(patch, fake_aiter.aiter_2026_03, device)
+            patch.setattr(aiter_mla, "_arch", lambda _: device.arch)
+            aiter_mla._probe.cache_clear()
+            aiter_mla._workspace.cache_clear()
+            try:
+                if aiter_mla.plan_problem(plan, device.arch, q.shape[1], max(q_lens)) or \
+                        aiter_mla.layout_problem(plan, device.arch, kv_lens):
+                    return None
+                out = torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16)
+                aiter_mla.run(q, cache, kv_format, qo, kvp, out, plan, sm_scale, max(q_lens))
+                return out
+            except (RuntimeError, ValueError):   # the route's refusals (e.g. v1_0 metadata for this layout)
+                return None
+            finally:
+                aiter_mla._probe.cache_clear()
+                aiter_mla._workspace.cache_clear()
+
 
 def measure(path: str, device: str, per_q_len: int) -> list:
     backend, kv_formats, caches, _, max_kv, heads = PATHS[path]
-    if path.startswith("hip_gfx950") and torch.device(device).type != "cpu":
+    if path in CPU_ONLY_PATHS and torch.device(device).type != "cpu":
         raise ValueError(f"{path} runs on the CPU")
     run = Runner(path)
     rng = random.Random(SEED)
     worst = {}
     for q_len in Q_LENS:
-        for segments, num_heads, magnitude, splits, seed in layouts(q_len, per_q_len, max_kv, heads, rng):
+        measured = list(layouts(q_len, per_q_len, max_kv, heads, rng))
+        if path == "aiter_model":
+            measured += aiter_selfcheck_layouts(q_len, rng)
+        for segments, num_heads, magnitude, splits, seed in measured:
             for kv_format in kv_formats:
                 q, cache, qo, kvp = (to_device(x, device) for x in inputs(segments, num_heads, magnitude, kv_format,
                                                                           seed))
@@ -129,6 +191,9 @@ def measure(path: str, device: str, per_q_len: int) -> list:
                         out, lse = run(q, cache, kv_format, qo, kvp, sm_scale, splits, cache_kind)
                         key = (kv_format, exact.scale_class(sm_scale), sm_scale, q_len, cache_kind)
                         row = worst.setdefault(key, {"layouts": 0, "worst_error": 0.0, "worst_lse_error": None})
+                        if out is None:   # a layout this path refuses (aiter_model's pairings)
+                            row["refused"] = row.get("refused", 0) + 1
+                            continue
                         row["layouts"] += 1
                         row["worst_error"] = max(row["worst_error"], exact.relative_l2(out, ref))
                         if lse is not None:
