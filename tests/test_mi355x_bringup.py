@@ -225,7 +225,7 @@ def test_strict_steps_pass_fail_a_4_percent_error_the_lax_check_passes_and_hang_
     assert "seed: 12: strict L2 0.0400 > 0.006; the lax check passed it" in off_row
     hang = next(row for row in table if row.startswith("| aiter |"))
     assert hang.startswith("| aiter | '' | fp8 | 8 | 16 | pass | 0.00")
-    assert hang.endswith("| 0.03 | strict-hang (1, then TIMEOUT) |")
+    assert hang.endswith(f"| {exact.STRICT_BOUND[('fp8', 'aiter')]} | strict-hang (1, then TIMEOUT) |")
     assert "- strict-hang ended early (TIMEOUT) after 1 result line(s)" in report
 
 

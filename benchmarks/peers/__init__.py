@@ -1,7 +1,8 @@
 """What the peers table compares: our decode paths, FlashInfer's MLA decode, FlashMLA's dense decode, vLLM's
 dense fp8 FlashMLA decode and plain torch.
 
-A peer module has NAME, `unavailable_reason(device, kv_format) -> str | None` and `prepare(sets, kv_format)`:
+A peer module has NAME, `unavailable_reason(device, kv_format) -> str | None` and `prepare(sets, kv_format)`
+(and BOUND_PATH where its strict bound is not the "peer" one):
 given the rotated input sets of one shape (inputs.DecodeInputs), it does the untimed setup (plans, host scales)
 and returns `(run, note)`: run(i) decodes set i into that set's output buffer and nothing else; note says in a
 few words how (the plan, the backend) for the table. `ours` takes the backend name as one more argument.
@@ -57,5 +58,5 @@ def implementations(our_backends) -> list:
             found.append(Implementation(
                 peer.NAME, kv_format, False,
                 lambda device, f=kv_format, p=peer: p.unavailable_reason(device, f),
-                lambda sets, f=kv_format, p=peer: p.prepare(sets, f)))
+                lambda sets, f=kv_format, p=peer: p.prepare(sets, f), path=getattr(peer, "BOUND_PATH", "peer")))
     return found
