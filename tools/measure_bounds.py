@@ -37,17 +37,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))   # aiter_model, the fake aiter the aiter route is measured against
-os.environ["MLA_SELFCHECK"] = "0"   # before mixed_mla reads it: measure the path, not the router's verdict
-
 from benchmarks import provenance  # noqa: E402
 from mixed_mla import api, exact, formats, paged, selfcheck  # noqa: E402
 from mixed_mla.backends import aiter_mla  # noqa: E402
-from mixed_mla.constants import DS_MLA_FORMAT, KV_FORMATS, QK_HEAD_DIM  # noqa: E402
 from mixed_mla.backends.cuda_sm90 import DS_MLA_OPT_IN  # noqa: E402
+from mixed_mla.constants import DS_MLA_FORMAT, KV_FORMATS, QK_HEAD_DIM  # noqa: E402
 from mixed_mla.planner import Plan  # noqa: E402
-
-# cuda_sm90 serves fp8_ds_mla only when opted in until this tool's rows back it: measure the kernel the opt-in serves
-os.environ[DS_MLA_OPT_IN] = "1"
 
 OUT_DIR = ROOT / "benchmarks/results/bounds"
 Q_LENS = (1, 2, 3, 4)
@@ -212,6 +207,9 @@ def main():
     parser.add_argument("--out", default=str(OUT_DIR))
     args = parser.parse_args()
     per_q_len = args.layouts or PATHS[args.path][3]
+    # Both read at each call, set here so that importing this module (tests/test_bound_data.py) changes nothing:
+    os.environ[selfcheck.ENV_SWITCH] = "0"   # measure the path, not the router's verdict
+    os.environ[DS_MLA_OPT_IN] = "1"          # cuda_sm90 serves fp8_ds_mla only when opted in until these rows back it
     rows = measure(args.path, args.device, per_q_len)
     record = {"path": args.path, "layouts_per_q_len": per_q_len, "seed": SEED,
               "run": f"python tools/measure_bounds.py --path {args.path} --device {args.device} --layouts {per_q_len}",
