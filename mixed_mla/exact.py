@@ -66,7 +66,7 @@ def scale_class(sm_scale: float) -> str:
 #     0.0029 (bounds/hip_gfx950_lanes.json); x2.8 -> 0.008. Against exact attention on the bf16 Q it scored 0.031 at
 #     1/24 and 0.094 at 0.1352: all of that was Q's rounding.
 #   aiter: the library's route against tests/aiter_model's fake aiter (aiter's metadata builders as modelled, MI355X
-#     and MI300X, both builders; bounds/aiter_model.json, CPU, 10e7210: per q_len 5 random layouts and the route's 4
+#     and MI300X, both builders; bounds/aiter_model.json, CPU, 8ecb2fb: per q_len 5 random layouts and the route's 4
 #     self-check layouts on each pairing, 76 of the 144 served, 3 scales). fp8: Q rounded per tensor as the reference does (exact_query), and its
 #     a8w8 kernels also round P to e4m3fn, unscaled (docs/aiter.md, read from the code objects), which no oracle can
 #     follow (the fake rounds against a work item's max, the kernel against each tile's running max): worst 0.027 at
