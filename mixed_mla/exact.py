@@ -67,13 +67,13 @@ def scale_class(sm_scale: float) -> str:
 #     1/24 and 0.094 at 0.1352: all of that was Q's rounding.
 #   aiter: the library's route against tests/aiter_model's fake aiter (aiter's metadata builders as modelled, MI355X
 #     and MI300X, both builders; bounds/aiter_model.json, CPU, 8ecb2fb: per q_len 5 random layouts and the route's 4
-#     self-check layouts on each pairing, 76 of the 144 served, 3 scales). fp8: Q rounded per tensor as the reference does (exact_query), and its
-#     a8w8 kernels also round P to e4m3fn, unscaled (docs/aiter.md, read from the code objects), which no oracle can
-#     follow (the fake rounds against a work item's max, the kernel against each tile's running max): worst 0.027 at
-#     0.01, 0.022 at 1/24 (flatter softmaxes leave more p near the max, where e4m3fn's steps are widest); x1.4 ->
-#     0.038, the most that still fails an output 4% off (>= 0.047 on top of 0.027). bf16: the fake's 0.0017 is the
-#     route and the bf16 output alone (its arithmetic is float64); aiter's bf16 kernel multiplies bf16 P and V as
-#     cuda_sm90's do (0.0028 there): cuda_sm90's 0.008, 4.7x the fake's worst.
+#     self-check layouts on each pairing, 76 of the 144 served, 3 scales). fp8: Q rounded per tensor as the reference
+#     does (exact_query), and its a8w8 kernels also round P to e4m3fn, unscaled (docs/aiter.md, read from the code
+#     objects), which no oracle can follow (the fake rounds against a work item's max, the kernel against each tile's
+#     running max): worst 0.027 at 0.01, 0.022 at 1/24 (flatter softmaxes leave more p near the max, where
+#     e4m3fn's steps are widest); x1.4 -> 0.038, the most that still fails an output 4% off (>= 0.047 on top of
+#     0.027). bf16: the fake's 0.0017 is the route and the bf16 output alone (its arithmetic is float64); aiter's bf16
+#     kernel multiplies bf16 P and V as cuda_sm90's do (0.0028 there): cuda_sm90's 0.008, 4.7x the fake's worst.
 #   peer: the benchmarks' foreign kernels on a bf16 Q (benchmarks/peers), timed not shipped, checked at the problem's
 #     scale only: bf16 worst 0.0037 (torch plain; FlashMLA 0.0020, FlashInfer 0.0025), fp8 0.0041 (torch plain;
 #     FlashInfer 0.0031), benchmarks/results/peers at 971a8e3 (H100, 8 shapes); x3 -> 0.012. No peer reads MXFP4: no
