@@ -33,7 +33,8 @@ _error_flags = {}   # torch.device -> its flag tensor: one per device this proce
 PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 FP8_DATA_DTYPES = (FP8_DTYPE, torch.uint8)   # e4m3fn, or its bytes as serving engines often hold them
-DS_MLA_DTYPES = (torch.uint8, FP8_DTYPE)     # vLLM holds fp8_ds_mla rows as uint8, FlashMLA views them as e4m3fn
+DS_MLA_DTYPES = (torch.uint8, torch.int8, FP8_DTYPE)   # vLLM holds fp8_ds_mla rows as uint8 (some engines
+                                                      # int8), FlashMLA views them as e4m3fn
 FP8_SCALE_SHAPES = ((), (1,))               # one float32 per tensor: 0-dim (vLLM's k_scale) or (1,)
 
 

@@ -385,3 +385,17 @@ def test_a_compiled_sparse_step_replays_in_a_cuda_graph_with_new_indices():
         torch.cuda.synchronize()
         ref = reference(case)
         assert passes(out, lse, ref, "fp8", "cuda_sm90"), errors(out, lse, ref)
+
+
+def test_the_engines_layouts_give_the_same_bits():
+    """vLLM's and FlashMLA's views: the cache as (num_pages, page_size, 1, 656), int8 storage, q and indices with only
+    their last dim contiguous. A last dim that is not contiguous is refused."""
+    case = make_case(DS_MLA_FORMAT, page_size=64)
+    out, lse = run(case)
+    wide_q = torch.cat([case.q, case.q], dim=-1)[..., :QK_HEAD_DIM]
+    wide_indices = torch.cat([case.indices, case.indices], dim=1)[:, :TOPK]
+    for changes in ({"cache": case.cache.unsqueeze(2)}, {"cache": case.cache.view(torch.int8)}, {"q": wide_q},
+                    {"indices": wide_indices}):
+        assert all(torch.equal(a, b) for a, b in zip(run(case, **changes), (out, lse))), list(changes)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        run(case, indices=torch.stack([case.indices, case.indices], dim=-1)[..., 0])
