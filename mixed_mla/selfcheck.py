@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import torch
 
+from .append import append_paged
 from .constants import DEFAULT_SM_SCALE, DS_MLA_FORMAT, QK_HEAD_DIM, V_HEAD_DIM
 from .exact import lse_bound, lse_error, path_attention, scale_class, strict_bound, strict_verdict
 from .formats import as_uint8, quantize_ds_mla, quantize_fp8, quantize_mxfp4
@@ -200,7 +201,6 @@ def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_
 def appended_view(rows, cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
     """paged_view(cache, ...) with each sequence's rows written by append_paged instead: `rows` the bf16 (n, 1, 576)
     rows that `cache` quantises (fp8: with its scale, the paged cache's static one), n >= sum(kv_lens)."""
-    from .append import append_paged   # not at the top: append imports paged, which imports api, which imports this
     table, slots, num_pages = _page_layout(kv_lens, page_size, generator, spare_pages)
     paged = _poisoned_pages(cache, kv_format, num_pages, page_size)
     device = rows.device

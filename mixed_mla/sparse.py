@@ -35,7 +35,8 @@ import torch
 
 from . import api, backends, ops
 from .constants import QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .paged import PagedCache, PagedDecodePlan, paged_cache_of, plan_paged
+from .paged import PagedDecodePlan, plan_paged
+from .paged_cache import PagedCache, paged_cache_of
 from .planner import device_arch, forced_backend
 from .validate import INDPTR_DTYPE, check_kv_format, check_tensor, indexed_device, normalized_cache
 

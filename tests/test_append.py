@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mixed_mla
-from mixed_mla import append, exact, formats, paged
+from mixed_mla import append, exact, formats, paged, paged_cache
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
 
 PAGE_SIZES = (1, 16, 64)
@@ -229,7 +229,7 @@ def test_a_strided_cache_is_appended_in_place(kv_format, validate):
     pages = torch.tensor([3, 0, 5, 1, 4], dtype=torch.int32)
     slot_of = _slots_of(pages, length, page_size)
     strided, buffers = _strided_cache(kv_format, num_pages, page_size, gap_rows, scale)
-    assert not paged.paged_cache_of(strided, kv_format, torch.device("cpu")).pages_back_to_back
+    assert not paged_cache.paged_cache_of(strided, kv_format, torch.device("cpu")).pages_back_to_back
     dense = _empty_cache(kv_format, num_pages, page_size, "cpu", scale=scale)
     for cache in (strided, dense):
         for start, stop in ((0, prompt), (prompt, prompt + 1), (prompt + 1, length)):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mixed_mla
-from mixed_mla import append, formats, paged
+from mixed_mla import append, formats, paged_cache
 from mixed_mla.constants import KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
 
 POISON = 0x5A
@@ -273,7 +273,7 @@ def test_the_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype)
     for writer in (append.torch_write, lambda *args: append.kernel_write(kernel, *args)):
         append.append_error_flag("cuda").zero_()
         cache = empty_cache(kv_format, "cuda", page_gap=2)
-        parsed = paged.paged_cache_of((cache, scale) if kv_format == "fp8" else cache, kv_format,
+        parsed = paged_cache.paged_cache_of((cache, scale) if kv_format == "fp8" else cache, kv_format,
                                       device, anchor="kv_c")
         n = slots.shape[0]
         writer(case.kv_c[:n], case.k_pe[:n], parsed, slots, kv_format, rounding,
@@ -300,7 +300,7 @@ def test_both_violations_of_one_call_are_flagged_by_both_writers(past_row):
     for writer in (append.torch_write, lambda *args: append.kernel_write(kernel, *args)):
         append.append_error_flag(device).zero_()
         cache = empty_cache("fp8", "cuda")
-        parsed = paged.paged_cache_of((cache, scale), "fp8", device, anchor="kv_c")
+        parsed = paged_cache.paged_cache_of((cache, scale), "fp8", device, anchor="kv_c")
         writer(case.kv_c[:20], case.k_pe[:20], parsed, slots, "fp8", "single", scale,
                append.append_error_flag(device))
         assert int(append.append_error_flag(device)) == append.FLAG_SLOT_OUT_OF_RANGE | append.FLAG_BAD_FP8_SCALE
