@@ -31,8 +31,10 @@ class PagedCache:
 def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
     """The geometry of a paged cache of the declared format (bf16 tensor, fp8 (data, scale), mxfp4 (packed,
     scales)); raises on any other structure, dtype, shape, stride or device, naming that format (and `anchor`, the
-    input whose device every tensor must share). decode_paged and append_paged both parse caches here."""
+    input whose device every tensor must share; "cuda" is the current one). decode_paged, decode_sparse and
+    append_paged all parse caches here."""
     check_kv_format(kv_format)
+    device = indexed_device(device)
     if kv_format == "bf16":
         back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device, anchor)
         return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)

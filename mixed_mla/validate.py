@@ -62,12 +62,14 @@ def normalized_cache(kv_cache, kv_format: str):
 
 
 def indexed_device(device) -> torch.device:
-    """`device` as tensors report theirs: "cuda" -> "cuda:N" (the current one), so it compares equal to a tensor's
-    device and keys one entry per device in the error-flag tables."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    """`device` as tensors report theirs, so that it compares equal to a tensor's device and keys one entry per device
+    in the flag tables: "cuda" -> "cuda:N" (the current one), "cpu:0" -> "cpu" (a CPU tensor reports no index). Every
+    device a caller names is normalised here once, before any comparison with a tensor's."""
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
+    return torch.device("cpu") if device.type == "cpu" else device
 
 
 def check_placement(name: str, t, dtypes, device: torch.device, anchor: str = "q") -> None:
@@ -281,7 +283,7 @@ def raise_device_errors(device=None) -> None:
             continue
         violations, segment = flag.tolist()
         if violations:
-            flag.copy_(torch.tensor([0, _NO_SEGMENT], dtype=torch.int32))
+            flag.copy_(torch.tensor([0, _NO_SEGMENT], dtype=torch.int32, device=flag.device))
             names = [name for bit, name in ((FLAG_BAD_QO_INDPTR, "qo_indptr"), (FLAG_BAD_KV_INDPTR, "kv_indptr"))
                      if violations & bit]
             raise ValueError(f"a decode on {key} was given bad {' and '.join(names)} contents (first at segment "
