@@ -27,7 +27,8 @@ from . import api, backends, ops
 from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .paged_cache import PagedCache, paged_cache_of
 from .planner import Plan, device_arch, device_table_file, forced_backend, plan_for
-from .validate import INDPTR_DTYPE, check_kv_format, indexed_device, normalized_cache, raise_device_errors
+from .validate import (INDPTR_DTYPE, check_kv_format, check_sm_scale, indexed_device, normalized_cache,
+                       raise_device_errors, run_scale)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
 
@@ -104,6 +105,7 @@ class PagedDecodePlan(api.PlanGeometry):
     max_pages: int         # the block table's width
     max_q_len: int         # bounds every segment's query count
     return_lse: bool = False      # run() returns (out, lse) (api.py's convention)
+    sm_scale: float = DEFAULT_SM_SCALE   # what it was planned and self-checked at (api.DecodePlan's rule)
     strided_pages: bool = False   # run() accepts caches whose pages are not back to back
     workspace_buffer: object = field(default=None, repr=False, compare=False)   # api.DecodePlan's
     # What the backend's spec makes for this plan (api.DecodePlan's rule): made here, freed with the plan.
@@ -116,12 +118,14 @@ class PagedDecodePlan(api.PlanGeometry):
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "op_id", ops.register(self))
 
-    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
+    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=None, out=None, lse=None,
             validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse the pair
         (out, lse). One call of the op `mixed_mla::decode_paged`, which checks the inputs on the host;
         validate=True also checks the index contents here (one device->host copy; not under torch.compile) and first
-        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors)."""
+        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors).
+        sm_scale: None runs at the plan's; another as api.DecodePlan.run takes it."""
+        sm_scale = run_scale(self.sm_scale, sm_scale)
         if validate:
             raise_device_errors(q.device)
             cache = self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
@@ -152,8 +156,9 @@ class PagedDecodePlan(api.PlanGeometry):
         return cache
 
     def checked_launch(self, q, kv_cache, qo_indptr, block_table, seq_lens, out, lse, sm_scale) -> None:
-        """The op's body: every host check, then the backend's run_paged."""
+        """The op's body: every host check (the scale too), then the backend's run_paged."""
         self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
+        run_scale(self.sm_scale, sm_scale)
         api.check_lse(lse, q, self.return_lse)
         extra = {} if self.workspace is None else {"workspace": self.workspace}
         if lse is not None:
@@ -172,10 +177,11 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
     raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, and
-    sm_scale the runs' (the self-check runs at it), as api.plan's. batch_invariant: as api.plan's (max_kv_len must
-    then bound every sequence; the default does). No device->host copy when max_q_len is given (api.plan's rule for
-    recorded violations).
+    sm_scale the runs' (the self-check runs at it, the plan keeps it), as api.plan's. batch_invariant: as
+    api.plan's (max_kv_len must then bound every sequence; the default does). No device->host copy when max_q_len is
+    given (api.plan's rule for recorded violations).
     """
+    check_sm_scale(sm_scale)
     device = indexed_device(device if device is not None else qo_indptr.device)
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -195,7 +201,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
                             return_lse, strided_pages, strict, batch_invariant, sm_scale)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
-                           strided_pages, workspace)
+                           sm_scale, strided_pages, workspace)
 
 
 def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,
@@ -215,7 +221,7 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
                          device=q.device, backend=backend, return_lse=return_lse,
                          strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant,
                          sm_scale=sm_scale)
-    return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
+    return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, out=out)
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,

@@ -22,6 +22,7 @@ import torch
 
 from .constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM,
                         SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
+from .exact import scale_class
 from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE, mxfp4_scale_shape
 
 INDPTR_DTYPE = torch.int32
@@ -46,6 +47,25 @@ def check_fp8_scale(scale, device, anchor: str = "q") -> None:
     check_tensor("fp8 kv scale", scale, (torch.float32,), device, anchor)
     if tuple(scale.shape) not in FP8_SCALE_SHAPES:
         raise ValueError(f"fp8 kv scale must be one float32, shape () or (1,), got {tuple(scale.shape)}")
+
+
+def check_sm_scale(sm_scale) -> str:
+    """The class of a plan's sm_scale (exact.scale_class: what its self-check vouches for); a ValueError unless it is
+    a finite positive number (torch's softmax would return NaN for a NaN scale, with no error)."""
+    return scale_class(sm_scale)
+
+
+def run_scale(planned: float, sm_scale) -> float:
+    """The sm_scale a plan's run uses: the plan's when the run names none (FlashInfer's rule: the scale is fixed at
+    plan time), else the run's if it lies in the plan's scale class, which its self-check vouched for; any other is
+    a ValueError (a kernel checked at one class is not vouched for at another: plan again at that scale)."""
+    if sm_scale is None or sm_scale == planned:
+        return planned
+    if check_sm_scale(sm_scale) != scale_class(planned):
+        raise ValueError(f"this plan was planned and self-checked at sm_scale {planned:.6g} (class "
+                         f"{scale_class(planned)}); a run at {sm_scale:.6g} (class {scale_class(sm_scale)}) needs a "
+                         f"plan made with sm_scale={sm_scale:.6g}")
+    return float(sm_scale)
 
 
 def normalized_cache(kv_cache, kv_format: str):
