@@ -319,7 +319,6 @@ def test_the_unvalidated_path_writes_every_good_row(kv_format, slots, bits):
     redirected to an in-bounds index carrying bytes that change nothing). Each slot in the cache holds its row's bytes
     and every other byte is POISON (a redirect that carried the wrong bytes fails this); the flag holds exactly the
     broken rules' bits, which raise_append_errors raises and clears."""
-    append.append_error_flag("cpu").zero_()
     rows = _rows(len(slots), seed=13, device="cpu")
     expected, scale = _rule_bytes(rows, kv_format)
     cache = _empty_cache(kv_format, 4, 16, "cpu", scale=scale)
