@@ -256,9 +256,10 @@ def _sparse_case(page_size, heads, seed):
 def _sparse_run(case, sm_scale, cache=None):
     import mixed_mla
     planned = mixed_mla.plan_sparse(total_q=case.q.shape[0], num_heads=case.q.shape[1], topk=case.indices.shape[1],
-                                    kv_format=DS_MLA_FORMAT, device="cuda", return_lse=True, strict=True)
+                                    kv_format=DS_MLA_FORMAT, device="cuda", return_lse=True, strict=True,
+                                    sm_scale=sm_scale)
     assert planned.backend_name == "cuda_sm90" and planned.through_paged is None
-    return planned.run(case.q, case.cache if cache is None else cache, case.indices, sm_scale=sm_scale,
+    return planned.run(case.q, case.cache if cache is None else cache, case.indices,
                        topk_length=case.topk_length, attn_sink=case.attn_sink, validate=True)
 
 

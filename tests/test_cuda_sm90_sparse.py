@@ -114,7 +114,7 @@ def _case(heads, page_size, seed, kind="amax", strided=False, total_q=5):
 def _run(q, pages, indices, lengths, sink, sm_scale, multiprocessors=None):
     plan = mixed_mla.plan_sparse(total_q=q.shape[0], num_heads=q.shape[1], topk=indices.shape[1],
                                  kv_format=DS_MLA_FORMAT, device="cuda", return_lse=True, strict=True,
-                                 strided_pages=not pages.is_contiguous())
+                                 strided_pages=not pages.is_contiguous(), sm_scale=sm_scale)
     assert plan.backend_name == "cuda_sm90" and plan.through_paged is None
     if multiprocessors is not None:   # steer the split count
         plan = replace(plan, workspace=cuda_sm90_sparse.make_workspace(q.shape[0], q.shape[1], indices.shape[1],

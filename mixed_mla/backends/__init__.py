@@ -30,6 +30,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ..validate import indexed_device
+
 # Backend name (what plans, tables and MLA_BACKEND say) -> its module in this package. Order = preference.
 REGISTRY = {
     "torch": "torch_ref",
@@ -150,7 +152,7 @@ def check_workspace_buffer(buffer, device, needed: int) -> None:
     if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8:
         got = getattr(buffer, "dtype", type(buffer).__name__)
         raise ValueError(f"workspace must be a uint8 torch.Tensor, got {got}")
-    if buffer.device != torch.device(device):
+    if buffer.device != indexed_device(device):
         raise ValueError(f"workspace is on {buffer.device} but the plan is for {device}")
     if not buffer.is_contiguous():
         raise ValueError(f"workspace must be contiguous; strides {tuple(buffer.stride())} for shape "
