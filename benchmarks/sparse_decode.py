@@ -5,8 +5,8 @@
 
 Per (heads, batch, q_len) and format, over a paged cache (page size 64) of SEQUENCE_TOKENS tokens per sequence,
 each query row picking `topk` distinct random tokens of its own sequence (FlashMLA's V3.2 case: s_k 32768, topk
-2048): ours, the plan made once and run per call (on sm90 the gather route into cuda_sm90's paged kernels, fp8_ds_mla
-included: its own tile format, docs/sparse.md), and FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its
+2048): ours, the plan made once and run per call (on sm90 cuda_sm90's sparse kernel for fp8_ds_mla, the gather route
+into its paged kernels for the other formats, docs/sparse.md); with --strided, ours again on FlashMLA's strided pages, and FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its
 layouts where stage_flashmla.sh's flash_mla_sparse is importable (64 and 128 heads), both timed by
 timing.KernelTimer. On fp8_ds_mla both outputs on the first sequence's query rows are judged against the oracle
 (mixed_mla/exact_sparse.py): ours is reported (ours_error), FlashMLA is timed only within FLASHMLA_BOUND, otherwise
@@ -46,9 +46,10 @@ STAGED_FROM = "STAGED_FROM"  # the file stage_flashmla.sh writes beside the modu
 FLASHMLA_BOUND = STRICT_BOUND[("bf16", "peer")]
 
 
-def make_inputs(batch, q_len, num_heads, topk, kv_format, device, seed):
+def make_inputs(batch, q_len, num_heads, topk, kv_format, device, seed, strided=False):
     """(q, paged cache, indices): batch sequences of SEQUENCE_TOKENS tokens in pages of PAGE_SIZE (sequence b's
-    pages b x pages_per_sequence ...), each query row's topk distinct slots of its own sequence."""
+    pages b x pages_per_sequence ...), each query row's topk distinct slots of its own sequence. strided (fp8_ds_mla):
+    the pages PAGE_SIZE + 1 rows apart, as FlashMLA's tests lay them out."""
     gen = torch.Generator(device=device).manual_seed(seed)
     total_q = batch * q_len
     q = torch.randn(total_q, num_heads, QK_HEAD_DIM, generator=gen, device=device).to(torch.bfloat16)
@@ -64,6 +65,10 @@ def make_inputs(batch, q_len, num_heads, topk, kv_format, device, seed):
         cache = (pages(packed), pages(scales[:rows.shape[0]]))
     else:
         cache = pages(quantize_ds_mla(rows))
+        if strided:   # FlashMLA's test layout: a spare row after each page's PAGE_SIZE rows
+            padded = torch.empty(cache.shape[0], PAGE_SIZE + 1, cache.shape[2], dtype=cache.dtype, device=device)
+            padded[:, :PAGE_SIZE] = cache
+            cache = padded[:, :PAGE_SIZE]
     tokens = torch.rand(total_q, SEQUENCE_TOKENS, generator=gen, device=device).argsort(dim=1)[:, :topk]
     sequence = torch.arange(total_q, device=device) // q_len
     indices = (tokens + sequence[:, None] * SEQUENCE_TOKENS).to(torch.int32)
@@ -120,21 +125,24 @@ def flashmla_fields(decode, q, cache, indices, batch, q_len, timer, floor) -> di
                 flashmla_floor_pct=round(100 * floor / flash_us, 1))
 
 
-def measure(batch, q_len, num_heads, topk, kv_format, timer, bytes_per_s, flash_decode, flash_note):
+def measure(batch, q_len, num_heads, topk, kv_format, timer, bytes_per_s, flash_decode, flash_note, strided=False):
     q, cache, indices = make_inputs(batch, q_len, num_heads, topk, kv_format, timer.device,
-                                    seed=batch * 131 + q_len * 7 + num_heads)
+                                    seed=batch * 131 + q_len * 7 + num_heads, strided=strided)
     total_q = batch * q_len
     planned = mixed_mla.plan_sparse(total_q=total_q, num_heads=num_heads, topk=topk, kv_format=kv_format,
-                                    device=timer.device)
+                                    device=timer.device, strided_pages=strided)
     out = torch.empty(total_q, num_heads, V_HEAD_DIM, dtype=torch.bfloat16, device=timer.device)
     ours_us = timer.measure(lambda _: planned.run(q, cache, indices, sm_scale=SM_SCALE, out=out)).median_us
     floor = floor_us(floor_bytes(total_q, num_heads, topk, kv_format), bytes_per_s)
     record = dict(batch=batch, q_len=q_len, num_heads=num_heads, topk=topk, kv_format=kv_format,
-                  route=planned.backend_name + (" gather" if planned.through_paged is not None else ""),
+                  route=planned.backend_name + (" gather" if planned.through_paged is not None else "")
+                  + (", strided pages" if strided else ""),
                   ours_us=round(ours_us, 2), floor_us=round(floor, 2), ours_floor_pct=round(100 * floor / ours_us, 1))
     if kv_format == DS_MLA_FORMAT:   # the timed plan's output, judged as FlashMLA's is (its bound: exact.py)
         record["ours_error"] = round(first_sequence_error(out, q, cache, indices, q_len), 5)
-    if kv_format == DS_MLA_FORMAT and flash_decode is not None and num_heads in FLASHMLA_HEADS:
+    if strided:
+        record["flashmla"] = "timed on back-to-back pages (the row above)"
+    elif kv_format == DS_MLA_FORMAT and flash_decode is not None and num_heads in FLASHMLA_HEADS:
         record.update(flashmla_fields(flash_decode, q, cache, indices, batch, q_len, timer, floor))
     elif kv_format == DS_MLA_FORMAT:
         record["flashmla"] = (flash_note if flash_decode is None
@@ -160,6 +168,8 @@ def main():
     parser.add_argument("--q-len", default="1,2")
     parser.add_argument("--topk", type=int, default=2048)
     parser.add_argument("--formats", default=f"{DS_MLA_FORMAT},fp8,bf16")
+    parser.add_argument("--strided", action="store_true",
+                        help="after each fp8_ds_mla row, ours again on FlashMLA's strided pages (page_size + 1 rows)")
     parser.add_argument("--out", help=f"folder for the table and raw.json (default: benchmarks/results/{KIND}/)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -174,6 +184,10 @@ def main():
                     records.append(measure(batch, q_len, num_heads, args.topk, kv_format, timer, bytes_per_s,
                                            flash_decode, flash_note))
                     print(json.dumps(records[-1]), flush=True)
+                    if args.strided and kv_format == DS_MLA_FORMAT:
+                        records.append(measure(batch, q_len, num_heads, args.topk, kv_format, timer, bytes_per_s,
+                                               flash_decode, flash_note, strided=True))
+                        print(json.dumps(records[-1]), flush=True)
     env = environment(device, copy_bandwidth_tbps=round(bytes_per_s / 1e12, 3), flashmla=flash_note)
     lines = [f"device {env['gpu']}, copy bandwidth {env['copy_bandwidth_tbps']} TB/s, topk {args.topk}, "
              f"{SEQUENCE_TOKENS} tokens per sequence, page {PAGE_SIZE}; FlashMLA: {env['flashmla']}",

@@ -105,14 +105,14 @@ class PagedLatentCache:
     def append(self, layer, rows, positions):
         mixed_mla.append_paged(self.layers[layer], rows, self.slots(positions), kv_format=self.kv_format)
 
-    def plan_step(self, seq_lens, max_kv_len):
+    def plan_step(self, seq_lens, max_kv_len, sm_scale):
         """One plan per decode step, shared by every layer: one query per sequence, these int32 KV lengths (the
-        longest, max_kv_len, known on the host)."""
+        longest, max_kv_len, known on the host), the layers' softmax scale (the plan keeps it for its runs)."""
         self.seq_lens = seq_lens
         self.qo_indptr = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int32, device=seq_lens.device)
         self.plan = mixed_mla.plan_paged(self.qo_indptr, self.block_table, seq_lens, num_heads=self.num_heads,
                                          kv_format=self.kv_format, page_size=PAGE_SIZE, max_q_len=1,
-                                         max_kv_len=max_kv_len)
+                                         max_kv_len=max_kv_len, sm_scale=sm_scale)
 
 
 def _empty_cache(kv_format, num_pages, device):
@@ -135,12 +135,11 @@ class AbsorbedMlaAttention(nn.Module):
     decode.
     """
 
-    def __init__(self, attention, layer, cache: PagedLatentCache, sm_scale=None):
+    def __init__(self, attention, layer, cache: PagedLatentCache):
         super().__init__()
         self.attention = attention
         self.layer = layer
         self.cache = cache
-        self.sm_scale = attention.scaling if sm_scale is None else sm_scale   # the model's own, YaRN mscale included
         nope = attention.qk_nope_head_dim
         kv_b = attention.kv_b_proj.weight.float().reshape(attention.num_heads, nope + attention.v_head_dim, -1)
         self.w_uk, self.w_uv = kv_b[:, :nope], kv_b[:, nope:]   # (H, qk_nope, 512), (H, v_head_dim, 512)
@@ -159,8 +158,8 @@ class AbsorbedMlaAttention(nn.Module):
         q_latent = torch.einsum("bhln,hnc->bhc", q_nope.float(), self.w_uk)
         q = torch.cat([q_latent, q_pe[:, :, 0].float()], dim=-1).to(torch.bfloat16)
         cache = self.cache
-        out = cache.plan.run(q, cache.layers[self.layer], cache.qo_indptr, cache.block_table, cache.seq_lens,
-                             sm_scale=self.sm_scale)                          # (B, H, 512)
+        out = cache.plan.run(q, cache.layers[self.layer], cache.qo_indptr, cache.block_table,
+                             cache.seq_lens)                  # (B, H, 512), at the plan's sm_scale (plan_step's)
         values = torch.einsum("bhc,hvc->bhv", out.float(), self.w_uv).to(hidden_states.dtype)
         return attn.o_proj(values.reshape(batch, 1, -1)), None
 
@@ -187,12 +186,12 @@ def _projections(attn, hidden_states, position_embeddings):
 
 
 @contextlib.contextmanager
-def absorbed_attention(model, cache, sm_scale=None):
+def absorbed_attention(model, cache):
     """Every layer's attention replaced by AbsorbedMlaAttention for the block's duration."""
     layers = model.model.layers
     originals = [layer.self_attn for layer in layers]
     for index, layer in enumerate(layers):
-        layer.self_attn = AbsorbedMlaAttention(originals[index], index, cache, sm_scale)
+        layer.self_attn = AbsorbedMlaAttention(originals[index], index, cache)
     try:
         yield
     finally:
@@ -217,11 +216,13 @@ def mixed_mla_decode(model, prompt, reference_tokens, kv_format, sm_scale=None):
         latent = torch.cat([layer.keys, layer.values], dim=-1).reshape(batch * prompt_len, -1)
         cache.append(index, latent.to(torch.bfloat16), positions)
     logits = [prefill.logits[:, -1].float()]
-    with absorbed_attention(model, cache, sm_scale):
+    # the model's own scale, YaRN mscale included (every layer's is the config's)
+    sm_scale = model.model.layers[0].self_attn.scaling if sm_scale is None else sm_scale
+    with absorbed_attention(model, cache):
         for step in range(steps):
             position = torch.full((batch, 1), prompt_len + step, device=device)
             seq_len = prompt_len + step + 1
-            cache.plan_step(torch.full((batch,), seq_len, dtype=torch.int32, device=device), seq_len)
+            cache.plan_step(torch.full((batch,), seq_len, dtype=torch.int32, device=device), seq_len, sm_scale)
             out = model(reference_tokens[:, step:step + 1], position_ids=position, use_cache=False)
             logits.append(out.logits[:, -1].float())
     mixed_mla.append.raise_append_errors(device)   # the appends on a GPU checked their slots on the device

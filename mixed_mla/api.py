@@ -29,8 +29,8 @@ from . import backends, ops, selfcheck
 from .constants import DEFAULT_SM_SCALE, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .planner import (BATCH_INVARIANT_REASON, Plan, batch_invariant_backend, device_arch, device_table_file,
                       forced_backend, plan_for)
-from .validate import (check_inputs, check_kv_format, checked_segment_lengths, indexed_device, normalized_cache,
-                       raise_device_errors)
+from .validate import (check_inputs, check_kv_format, check_sm_scale, checked_segment_lengths, indexed_device,
+                       normalized_cache, raise_device_errors, run_scale)
 
 _warned_fallbacks = set()  # backend names whose unavailability was already reported in this process
 # Backends whose first use per self-check key (selfcheck.py states it) in a process is checked against exact
@@ -72,6 +72,7 @@ class DecodePlan(PlanGeometry):
     max_q_len: int         # bounds every segment's query count (docs/design.md#the-planrun-contract)
     max_kv_len: int        # a launch hint only
     return_lse: bool = False   # run() returns (out, lse); planned on a backend whose SPEC.lse is True
+    sm_scale: float = DEFAULT_SM_SCALE   # what it was planned and self-checked at: run()'s (validate.run_scale)
     # The caller's uint8 buffer the workspace is carved from (plan(workspace=)); None: the plan makes its own.
     workspace_buffer: object = field(default=None, repr=False, compare=False)
     # What the backend's spec makes for this plan (None when it needs none), made here so that it always fits
@@ -88,13 +89,14 @@ class DecodePlan(PlanGeometry):
         object.__setattr__(self, "_run", run)
         object.__setattr__(self, "op_id", ops.register(self))
 
-    def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
-            validate=False):
+    def run(self, q, kv_cache, qo_indptr, kv_indptr, *, sm_scale=None, out=None, lse=None, validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse, the pair
         (out, lse), lse float32 (total_q, H) (`lse` when given). One call of the op `mixed_mla::decode`, which checks
         the inputs on the host; validate=True also checks the indptr contents here (one sync; not under
         torch.compile) and first raises an indptr violation a compiled kernel recorded on the device since
-        (validate.raise_device_errors)."""
+        (validate.raise_device_errors). sm_scale: None runs at the plan's; another is refused (ValueError) unless
+        it is of the plan's scale class, the one its self-check vouched for (validate.run_scale): plan at it."""
+        sm_scale = run_scale(self.sm_scale, sm_scale)
         if validate:
             raise_device_errors(q.device)
             num_kv_rows = check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
@@ -112,8 +114,10 @@ class DecodePlan(PlanGeometry):
         return (out, lse) if self.return_lse else out
 
     def checked_launch(self, q, kv_cache, qo_indptr, kv_indptr, out, lse, sm_scale) -> None:
-        """The op's body: every host check of run (inputs, the plan's bounds, out and lse), then the backend."""
+        """The op's body: every host check of run (inputs, the plan's bounds, out and lse, the scale), then the
+        backend."""
         check_inputs(q, kv_cache, self.kv_format, qo_indptr, kv_indptr, out)
+        run_scale(self.sm_scale, sm_scale)
         self.check_layout(q, qo_indptr)
         check_lse(lse, q, self.return_lse)
         self.launch(q, kv_cache, qo_indptr, kv_indptr, out, sm_scale, lse)
@@ -193,9 +197,12 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     batch_invariant: the module docstring; max_kv_len must then bound every segment (as when it is read).
     No device->host copy when max_q_len and max_kv_len are given: an indptr violation a compiled kernel recorded is
     raised by validate.raise_device_errors, or by a run / decode with validate=True (validate.py), never here.
-    sm_scale: the softmax scale the runs will pass (DeepSeek's callers: qk_head_dim^-0.5 x mscale^2): a compiled
-    backend's first-use self-check runs at it, one verdict per class of scale (selfcheck.py).
+    sm_scale: the softmax scale of the runs (DeepSeek's callers: qk_head_dim^-0.5 x mscale^2), kept by the plan as
+    its runs' (FlashInfer's rule): a compiled backend's first-use self-check runs at it, one verdict per class of
+    scale (selfcheck.py), and a run at a scale of another class is refused (DecodePlan.run). A non-finite or
+    non-positive sm_scale is a ValueError.
     """
+    check_sm_scale(sm_scale)
     device = indexed_device(device if device is not None else qo_indptr.device)   # equal to the tensors' "cuda:N"
     if kv_format is not None:
         check_kv_format(kv_format)
@@ -209,7 +216,8 @@ def plan(qo_indptr, kv_indptr, *, num_heads, device=None, kv_format=None, max_q_
     kv_lens = read_kv_lens if kv_lens is None else kv_lens
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, backend, kv_lens, return_lse,
                             strict, batch_invariant, sm_scale)
-    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, workspace)
+    return DecodePlan(chosen, module, device, num_heads, batch, max_q_len, max_kv_len, return_lse, sm_scale,
+                      workspace)
 
 
 def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_SCALE, max_q_len=None,
@@ -231,7 +239,7 @@ def decode(q, kv_cache, qo_indptr, kv_indptr, *, kv_format, sm_scale=DEFAULT_SM_
     planned = plan(qo_indptr, kv_indptr, num_heads=q.shape[1], device=q.device, kv_format=kv_format,
                    max_q_len=max_q_len, max_kv_len=max_kv_len, backend=backend, return_lse=return_lse, strict=strict,
                    batch_invariant=batch_invariant, sm_scale=sm_scale)
-    return planned.run(q, kv_cache, qo_indptr, kv_indptr, sm_scale=sm_scale, out=out, validate=validate)
+    return planned.run(q, kv_cache, qo_indptr, kv_indptr, out=out, validate=validate)
 
 
 def _lengths(qo_indptr, kv_indptr, max_q_len, max_kv_len, total_q=None, total_kv=None):

@@ -10,7 +10,8 @@ scale)`; this is that call, for the three formats paged.py reads:
   "fp8" / "fp8_e4m3" (kv_cache (num_pages, page_size, 576) e4m3fn or uint8, `scale` its static float32 scale, 0-dim
   or (1,), never recomputed), "mxfp4" (kv_cache the pair (packed (num_pages, page_size, 288), scales (num_pages,
   page_size, 24)), each row's 18 e8m0 block scales computed from the row, columns 18-23 left as they were; `scale`
-  None). Pages may lie further apart than page_size rows (paged.paged_cache_of parses the cache as decode_paged does).
+  None). Pages may lie further apart than page_size rows (paged_cache.paged_cache_of parses the cache as decode_paged
+  does).
 - fp8_rounding: "single" (default, the engines' rule: e4m3fn(round(x / scale)) of the float32 quotient, saturated
   to +-448) or "double" (the problem generator's: the quotient rounded to bf16 first, then to e4m3fn; 3.45% of bytes
   land one ulp away from the single rounding), which writes the bytes formats.quantize_fp8 gives the whole cache.
@@ -44,7 +45,7 @@ import torch
 
 from .constants import DS_MLA_FORMAT, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
 from .formats import FP8_DTYPE, as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
-from .paged import paged_cache_of
+from .paged_cache import paged_cache_of
 from .validate import check_fp8_scale, check_kv_format, check_placement, check_tensor, flag_of, indexed_device
 
 # kv_cache_dtype as vLLM and aiter name it -> this package's kv_format

@@ -37,7 +37,7 @@ Q_ROUNDING = {
     ("fp8", AITER): PER_TENSOR_BF16,
 }
 # The non-negative finite e4m3fn values in code order (0x00..0x7E), which is ascending order.
-_E4M3FN_GRID = torch.tensor(E4M3FN_TABLE[:0x7F], dtype=torch.float64)
+_E4M3FN_GRID = torch.tensor(E4M3FN_TABLE[:0x7F], dtype=torch.float64, device="cpu")   # whatever the default device
 
 
 def round_to_e4m3fn(x: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def per_head_power_of_two(q: torch.Tensor) -> torch.Tensor:
 
 def per_tensor_bf16(q: torch.Tensor) -> torch.Tensor:
     """aiter's Q (the reference's recipe): float64 (T, H, 576) values e4m3fn codes times the bf16 per-tensor scale."""
-    amax = q.to(torch.float64).abs().max() if q.numel() else torch.zeros((), dtype=torch.float64)
+    amax = q.to(torch.float64).abs().max() if q.numel() else torch.zeros((), dtype=torch.float64, device=q.device)
     scale = _bf16(torch.clamp(_bf16(amax), min=PER_TENSOR_AMAX_FLOOR).float() / E4M3FN_MAX).float()
     scaled = _bf16(q.to(torch.float32) / scale).to(torch.float64).clamp(-E4M3FN_MAX, E4M3FN_MAX)
     return round_to_e4m3fn(scaled) * scale.to(torch.float64)

@@ -33,8 +33,8 @@ def exact_sparse_attention(q, kv_cache, kv_format, indices, sm_scale, topk_lengt
     rows = indices.cpu().tolist()
     lengths = [len(r) for r in rows] if topk_length is None else topk_length.cpu().tolist()
     sink = None if attn_sink is None else attn_sink.cpu().to(torch.float64)
-    out = torch.zeros(total_q, num_heads, VALUE_WIDTH, dtype=torch.float64)
-    lse = torch.full((total_q, num_heads), -math.inf, dtype=torch.float64)
+    out = torch.zeros(total_q, num_heads, VALUE_WIDTH, dtype=torch.float64, device="cpu")
+    lse = torch.full((total_q, num_heads), -math.inf, dtype=torch.float64, device="cpu")
     for i, (entries, length) in enumerate(zip(rows, lengths)):
         slots = [s for s in entries[:length] if 0 <= s < kv.shape[0]]
         if not slots:

@@ -20,72 +20,17 @@ without it refuses such a cache. append_paged writes into such a cache in place 
 return_lse, strict and batch_invariant as in api.py; the kv_format is always the caller's.
 """
 from dataclasses import dataclass, field, replace
-from typing import Optional
 
 import torch
 
 from . import api, backends, ops
-from .constants import (DEFAULT_SM_SCALE, DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, MXFP4_SCALE_COLS,
-                        QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
+from .constants import DEFAULT_SM_SCALE, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from .paged_cache import PagedCache, paged_cache_of
 from .planner import Plan, device_arch, device_table_file, forced_backend, plan_for
-from .validate import (DS_MLA_DTYPES, E8M0_DTYPES, FP8_DATA_DTYPES, INDPTR_DTYPE, PACKED_FP4_DTYPES, check_fp8_scale,
-                       check_kv_format, check_placement, indexed_device, normalized_cache, raise_device_errors)
+from .validate import (INDPTR_DTYPE, check_kv_format, check_sm_scale, indexed_device, normalized_cache,
+                       raise_device_errors, run_scale)
 
 STRIDED_PAGES_REASON = "its kernels read pages back to back only (SPEC.strided_pages)"
-
-
-@dataclass(frozen=True)
-class PagedCache:
-    """What validation learnt of a paged cache: its format and geometry, and its tensors as the caller gave them."""
-    kv_format: str
-    num_pages: int
-    page_size: int
-    pages_back_to_back: bool   # every tensor's page stride is page_size x row (else larger: strided pages)
-    # the (num_pages, page_size, row) tensors: (bf16,), (fp8 data,) or (mxfp4 codes, scales), whatever their page
-    # stride (append_paged writes through them, so a write lands in the caller's storage)
-    pages: tuple = field(repr=False, compare=False)
-    fp8_scale: Optional[torch.Tensor] = field(repr=False, compare=False)   # 0-dim or (1,); None: not fp8
-
-
-def paged_cache_of(kv_cache, kv_format, device, anchor="q") -> PagedCache:
-    """The geometry of a paged cache of the declared format (bf16 tensor, fp8 (data, scale), mxfp4 (packed,
-    scales)); raises on any other structure, dtype, shape, stride or device, naming that format (and `anchor`, the
-    input whose device every tensor must share). decode_paged and append_paged both parse caches here."""
-    check_kv_format(kv_format)
-    if kv_format == "bf16":
-        back_to_back = _check_pages("kv_cache (bf16)", kv_cache, (torch.bfloat16,), QK_HEAD_DIM, device, anchor)
-        return PagedCache("bf16", kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
-    if kv_format == DS_MLA_FORMAT:
-        back_to_back = _check_pages("kv_cache (fp8_ds_mla)", kv_cache, DS_MLA_DTYPES, DS_MLA_ROW_BYTES, device,
-                                    anchor)
-        return PagedCache(DS_MLA_FORMAT, kv_cache.shape[0], kv_cache.shape[1], back_to_back, (kv_cache,), None)
-    parts = "data, scale" if kv_format == "fp8" else "packed codes, e8m0 scales"
-    if not isinstance(kv_cache, (tuple, list)) or len(kv_cache) != 2:
-        raise TypeError(f"a {kv_format} kv_cache is a pair ({parts}), got {type(kv_cache).__name__}")
-    data, aux = kv_cache
-    if kv_format == "fp8":
-        back_to_back = _check_pages("fp8 kv data", data, FP8_DATA_DTYPES, QK_HEAD_DIM, device, anchor)
-        check_fp8_scale(aux, device, anchor)
-        return PagedCache("fp8", data.shape[0], data.shape[1], back_to_back, (data,), aux)
-    back_to_back = _check_pages("mxfp4 packed codes", data, PACKED_FP4_DTYPES, MXFP4_PACKED_ROW_BYTES, device, anchor)
-    back_to_back &= _check_pages("mxfp4 scales", aux, E8M0_DTYPES, MXFP4_SCALE_COLS, device, anchor)
-    if aux.shape[:2] != data.shape[:2]:
-        raise ValueError(f"mxfp4 scales must have the pages of the codes, {tuple(data.shape[:2])}, got "
-                         f"{tuple(aux.shape[:2])}")
-    return PagedCache("mxfp4", data.shape[0], data.shape[1], back_to_back, (data, aux), None)
-
-
-def _check_pages(name, t, dtypes, row_width, device, anchor) -> bool:
-    """Check one paged tensor; True when its pages are back to back (False: a larger page stride)."""
-    check_placement(name, t, dtypes, device, anchor)
-    if t.dim() != 3 or t.shape[2] != row_width or t.shape[0] < 1 or t.shape[1] < 1:
-        raise ValueError(f"{name} must have shape (num_pages >= 1, page_size >= 1, {row_width}), got "
-                         f"{tuple(t.shape)}")
-    page_elements = t.shape[1] * row_width
-    if t.stride(2) != 1 or t.stride(1) != row_width or (t.shape[0] > 1 and t.stride(0) < page_elements):
-        raise ValueError(f"{name} must hold each page's rows contiguously and its pages at least page_size x row "
-                         f"= {page_elements} elements apart; strides {tuple(t.stride())} for shape {tuple(t.shape)}")
-    return t.shape[0] == 1 or t.stride(0) == page_elements
 
 
 def check_paged_inputs(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out=None) -> PagedCache:
@@ -160,6 +105,7 @@ class PagedDecodePlan(api.PlanGeometry):
     max_pages: int         # the block table's width
     max_q_len: int         # bounds every segment's query count
     return_lse: bool = False      # run() returns (out, lse) (api.py's convention)
+    sm_scale: float = DEFAULT_SM_SCALE   # what it was planned and self-checked at (api.DecodePlan's rule)
     strided_pages: bool = False   # run() accepts caches whose pages are not back to back
     workspace_buffer: object = field(default=None, repr=False, compare=False)   # api.DecodePlan's
     # What the backend's spec makes for this plan (api.DecodePlan's rule): made here, freed with the plan.
@@ -172,12 +118,14 @@ class PagedDecodePlan(api.PlanGeometry):
         object.__setattr__(self, "workspace", workspace)
         object.__setattr__(self, "op_id", ops.register(self))
 
-    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=DEFAULT_SM_SCALE, out=None, lse=None,
+    def run(self, q, kv_cache, qo_indptr, block_table, seq_lens, *, sm_scale=None, out=None, lse=None,
             validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given, else a new tensor); with return_lse the pair
         (out, lse). One call of the op `mixed_mla::decode_paged`, which checks the inputs on the host;
         validate=True also checks the index contents here (one device->host copy; not under torch.compile) and first
-        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors)."""
+        raises a violation a compiled kernel recorded on the device since (validate.raise_device_errors).
+        sm_scale: None runs at the plan's; another as api.DecodePlan.run takes it."""
+        sm_scale = run_scale(self.sm_scale, sm_scale)
         if validate:
             raise_device_errors(q.device)
             cache = self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
@@ -208,8 +156,9 @@ class PagedDecodePlan(api.PlanGeometry):
         return cache
 
     def checked_launch(self, q, kv_cache, qo_indptr, block_table, seq_lens, out, lse, sm_scale) -> None:
-        """The op's body: every host check, then the backend's run_paged."""
+        """The op's body: every host check (the scale too), then the backend's run_paged."""
         self.check(q, kv_cache, qo_indptr, block_table, seq_lens, out)
+        run_scale(self.sm_scale, sm_scale)
         api.check_lse(lse, q, self.return_lse)
         extra = {} if self.workspace is None else {"workspace": self.workspace}
         if lse is not None:
@@ -228,10 +177,11 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     page_size: pass the expected longest sequence when the table is much wider). backend forces one (as MLA_BACKEND
     does); a planned one that cannot serve routes to the next that can (torch at last) with api.py's warning, or
     raises under strict. return_lse, strided_pages: the module docstring. workspace: a caller-owned buffer, and
-    sm_scale the runs' (the self-check runs at it), as api.plan's. batch_invariant: as api.plan's (max_kv_len must
-    then bound every sequence; the default does). No device->host copy when max_q_len is given (api.plan's rule for
-    recorded violations).
+    sm_scale the runs' (the self-check runs at it, the plan keeps it), as api.plan's. batch_invariant: as
+    api.plan's (max_kv_len must then bound every sequence; the default does). No device->host copy when max_q_len is
+    given (api.plan's rule for recorded violations).
     """
+    check_sm_scale(sm_scale)
     device = indexed_device(device if device is not None else qo_indptr.device)
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS:
@@ -251,7 +201,7 @@ def plan_paged(qo_indptr, block_table, seq_lens, *, num_heads, kv_format, page_s
     chosen, module = _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend,
                             return_lse, strided_pages, strict, batch_invariant, sm_scale)
     return PagedDecodePlan(chosen, module, device, num_heads, batch, page_size, max_pages, max_q_len, return_lse,
-                           strided_pages, workspace)
+                           sm_scale, strided_pages, workspace)
 
 
 def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm_scale=DEFAULT_SM_SCALE, out=None,
@@ -271,7 +221,7 @@ def decode_paged(q, kv_cache, qo_indptr, block_table, seq_lens, *, kv_format, sm
                          device=q.device, backend=backend, return_lse=return_lse,
                          strided_pages=not cache.pages_back_to_back, strict=strict, batch_invariant=batch_invariant,
                          sm_scale=sm_scale)
-    return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, sm_scale=sm_scale, out=out)
+    return planned.run(q, kv_cache, qo_indptr, block_table, seq_lens, out=out)
 
 
 def _route(device, batch, max_q_len, max_kv_len, num_heads, kv_format, page_size, backend, return_lse, strided_pages,

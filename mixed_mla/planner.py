@@ -16,6 +16,7 @@ import torch
 
 from .backends import BACKEND_NAMES, FALLBACK, module, native_backends, spec
 from .constants import HEAD_GROUP, KV_FORMATS, MAX_SPLITS
+from .validate import indexed_device
 
 TABLE_DIR = Path(__file__).resolve().parent / "tables"
 # Filled by tools/bundle.py in submission.py: table file name -> JSON text. None: read TABLE_DIR.
@@ -466,11 +467,11 @@ def table_file(arch: str, device_name=None):
 
 def device_table_file(device):
     """table_file of a torch device (its name read only where its arch has device tables: no sync)."""
-    device = torch.device(device)
+    device = indexed_device(device)
     arch = device_arch(device)
     if arch not in DEVICE_TABLE_FILES:
         return table_file(arch)
-    return table_file(arch, _device_name(torch.cuda.current_device() if device.index is None else device.index))
+    return table_file(arch, _device_name(device.index))
 
 
 @functools.lru_cache(maxsize=None)   # bounded: one entry per CUDA device index

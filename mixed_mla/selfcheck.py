@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import torch
 
+from .append import append_paged
 from .constants import DEFAULT_SM_SCALE, DS_MLA_FORMAT, QK_HEAD_DIM, V_HEAD_DIM
 from .exact import lse_bound, lse_error, path_attention, scale_class, strict_bound, strict_verdict
 from .formats import as_uint8, quantize_ds_mla, quantize_fp8, quantize_mxfp4
@@ -65,6 +66,7 @@ FP8_NAN = 0x7F               # e4m3fn NaN
 E8M0_NAN = 0xFF
 DS_MLA_NAN = 0xFF            # every byte: e4m3fn NaN codes, a NaN float32 scale, NaN bf16 rope values
 SEED = 20261202
+HOST = torch.device("cpu")   # where the layouts are drawn (the generators' device), never the caller's default
 CONTIGUOUS, PAGED = "contiguous", "paged"
 
 _results = {}  # FirstUseKey -> bool, for this process (bounded: one entry per geometry a process runs)
@@ -158,8 +160,9 @@ def _poisoned(kv_format: str, device, segments, num_heads, poison_rows):
     q_lens = [s[0] for s in segments]
     kv_lens = [s[1] for s in segments]
     used_rows = sum(kv_lens)
-    q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
-    kv = torch.randn(used_rows + poison_rows, 1, QK_HEAD_DIM, generator=g).to(torch.bfloat16).to(device)
+    # made on the host, where the generator is, whatever the caller's default device; then moved to the checked one
+    q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, generator=g, device=HOST).to(torch.bfloat16).to(device)
+    kv = torch.randn(used_rows + poison_rows, 1, QK_HEAD_DIM, generator=g, device=HOST).to(torch.bfloat16).to(device)
     rows = kv.clone()
     if kv_format == "fp8":
         data, scale = quantize_fp8(kv[:used_rows])
@@ -178,8 +181,8 @@ def _poisoned(kv_format: str, device, segments, num_heads, poison_rows):
     else:
         cache = kv
         cache[used_rows:] = float("nan")
-    qo = torch.tensor([0] + q_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
-    kvp = torch.tensor([0] + kv_lens, dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    qo = torch.tensor([0] + q_lens, dtype=torch.int32, device=HOST).cumsum(0, dtype=torch.int32).to(device)
+    kvp = torch.tensor([0] + kv_lens, dtype=torch.int32, device=HOST).cumsum(0, dtype=torch.int32).to(device)
     return q, rows, cache, qo, kvp
 
 
@@ -200,7 +203,6 @@ def paged_view(cache, kv_format: str, kv_lens, page_size: int, generator, spare_
 def appended_view(rows, cache, kv_format: str, kv_lens, page_size: int, generator, spare_pages=SPARE_PAGES):
     """paged_view(cache, ...) with each sequence's rows written by append_paged instead: `rows` the bf16 (n, 1, 576)
     rows that `cache` quantises (fp8: with its scale, the paged cache's static one), n >= sum(kv_lens)."""
-    from .append import append_paged   # not at the top: append imports paged, which imports api, which imports this
     table, slots, num_pages = _page_layout(kv_lens, page_size, generator, spare_pages)
     paged = _poisoned_pages(cache, kv_format, num_pages, page_size)
     device = rows.device
@@ -214,14 +216,15 @@ def _page_layout(kv_lens, page_size: int, generator, spare_pages: int):
     segment after segment."""
     pages_of = [-(-n // page_size) for n in kv_lens]
     num_pages = sum(pages_of) + spare_pages
-    order = torch.randperm(num_pages, generator=generator)
-    table = torch.full((len(kv_lens), max(pages_of) + 1), -1, dtype=torch.int32)
+    order = torch.randperm(num_pages, generator=generator, device=HOST)
+    table = torch.full((len(kv_lens), max(pages_of) + 1), -1, dtype=torch.int32, device=HOST)
     first = 0
     for b, count in enumerate(pages_of):
         table[b, :count] = order[first:first + count]
         first += count
-    slots = torch.cat([table[b, torch.arange(n) // page_size].long() * page_size + torch.arange(n) % page_size
-                       for b, n in enumerate(kv_lens)])
+    positions = [torch.arange(n, device=HOST) for n in kv_lens]
+    slots = torch.cat([table[b, rows // page_size].long() * page_size + rows % page_size
+                       for b, rows in enumerate(positions)])
     return table, slots, num_pages
 
 

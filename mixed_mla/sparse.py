@@ -23,7 +23,8 @@ is out.view(b, s_q, H, 512), its LSE (b, H, s_q) is lse.view(b, s_q, H).transpos
 
 Bad indices never read out of bounds: backends gather only valid slots (the others read slot 0, masked).
 
-Two routes (docs/sparse.md#routes): a backend's own run_sparse (torch), or a compiled backend's paged decode fed a
+Two routes (docs/sparse.md#routes): a backend's own run_sparse (torch; cuda_sm90 for fp8_ds_mla), or a compiled
+backend's paged decode fed a
 gather: each row's usable entries, compacted to the front in order, are the block table of a page-size-1 view of
 the cache, one query row per sequence (so no causal rule applies) and the row's count its length; the splits then
 cut the top-k list, and the sink is applied to the output afterwards from the LSE the paged decode writes.
@@ -34,10 +35,12 @@ from typing import Optional
 import torch
 
 from . import api, backends, ops
-from .constants import QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
-from .paged import PagedCache, PagedDecodePlan, paged_cache_of, plan_paged
+from .constants import DEFAULT_SM_SCALE, DS_MLA_FORMAT, QK_HEAD_DIM, SUPPORTED_NUM_HEADS, V_HEAD_DIM
+from .paged import PagedDecodePlan, plan_paged
+from .paged_cache import PagedCache, paged_cache_of
 from .planner import device_arch, forced_backend
-from .validate import INDPTR_DTYPE, check_kv_format, check_tensor, indexed_device, normalized_cache
+from .validate import (INDPTR_DTYPE, check_kv_format, check_placement, check_sm_scale, check_tensor, indexed_device,
+                       normalized_cache, run_scale)
 
 INVALID_INDEX = -1   # FlashMLA's marker of an unused top-k entry
 
@@ -54,21 +57,27 @@ class SparseDecodePlan:
     num_heads: int
     topk: int
     return_lse: bool = False
+    sm_scale: float = DEFAULT_SM_SCALE   # what it was planned (and its route self-checked) at: run()'s
     # The gather route: a page-size-1 paged plan over the compacted indices (one sequence per query row); None: the
     # backend's run_sparse.
     through_paged: Optional[PagedDecodePlan] = field(default=None, repr=False)
     # the gather route's qo_indptr, 0 .. total_q (query row i is sequence i); None on the other route
     row_indptr: Optional[torch.Tensor] = field(default=None, repr=False, compare=False)
+    # the own route's workspace (the backend's SPEC.sparse_workspace, made at plan time); None: it takes none
+    workspace: object = field(default=None, repr=False, compare=False)
     op_id: int = field(init=False, repr=False, compare=False)   # what the op `mixed_mla::decode_sparse` calls it by
 
     def __post_init__(self):
         object.__setattr__(self, "op_id", ops.register(self))
 
-    def run(self, q, kv_cache, indices, *, sm_scale, topk_length=None, attn_sink=None, out=None, lse=None,
+    def run(self, q, kv_cache, indices, *, sm_scale=None, topk_length=None, attn_sink=None, out=None, lse=None,
             validate=False):
         """Attention output (total_q, H, 512) bf16 (`out` when given); with return_lse the pair (out, lse). One
         call of the op `mixed_mla::decode_sparse`, which checks the inputs on the host (no sync); validate=True
-        also checks the index contents here (one device->host copy; not under torch.compile)."""
+        also checks the index contents here (one device->host copy; not under torch.compile). sm_scale: None runs
+        at the plan's; another as api.DecodePlan.run takes it."""
+        sm_scale = run_scale(self.sm_scale, sm_scale)
+        kv_cache = engine_view(kv_cache, self.kv_format)
         if validate:
             cache = self.check(q, kv_cache, indices, topk_length, attn_sink, out)
             check_index_contents(indices, topk_length, cache)
@@ -98,11 +107,14 @@ class SparseDecodePlan:
         decode and the sink."""
         cache = self.check(q, kv_cache, indices, topk_length, attn_sink, out)
         api.check_lse(lse, q, self.return_lse)
+        run_scale(self.sm_scale, sm_scale)
         if self.through_paged is None:
+            extra = {} if self.workspace is None else {"workspace": self.workspace}
             self.backend.run_sparse(q, normalized_cache(kv_cache, self.kv_format), self.kv_format, indices,
-                                    topk_length, attn_sink, out, sm_scale, lse=lse)
+                                    topk_length, attn_sink, out, sm_scale, lse=lse, **extra)
             return
         table, lengths = compacted_slots(indices, topk_length, cache.num_pages * cache.page_size)
+        q = q.contiguous()   # the paged decode reads contiguous rows (engines may pass a view)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device) if lse is None else lse
         self.through_paged.run(q, one_row_pages(kv_cache, cache), self.row_indptr, table, lengths,
                                sm_scale=sm_scale, out=out, lse=lse)
@@ -143,18 +155,34 @@ def one_row_pages(kv_cache, cache: PagedCache):
     return pages[0] if len(pages) == 1 else pages
 
 
+def engine_view(kv_cache, kv_format):
+    """The cache as the checks read it: an engine's fp8_ds_mla view (num_pages, page_size, 1, 656), one KV head, as
+    (num_pages, page_size, 656) (a view); anything else as it is."""
+    if (kv_format == DS_MLA_FORMAT and isinstance(kv_cache, torch.Tensor) and kv_cache.dim() == 4
+            and kv_cache.shape[2] == 1):
+        return kv_cache.squeeze(2)
+    return kv_cache
+
+
+def _check_rows(name, t, dtype, device) -> None:
+    """Engines pass q and indices as views: only the last dim must be contiguous."""
+    check_placement(name, t, (dtype,), device)
+    if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have a contiguous last dim (strides {tuple(t.stride())})")
+
+
 def check_sparse_inputs(q, kv_cache, kv_format, indices, topk_length=None, attn_sink=None, out=None) -> PagedCache:
     """Everything checkable without reading device memory: dtypes, shapes, devices, strides."""
     if not isinstance(q, torch.Tensor):
         raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
     device = q.device
-    check_tensor("q", q, (torch.bfloat16,), device)
+    _check_rows("q", q, torch.bfloat16, device)
     if q.dim() != 3 or q.shape[2] != QK_HEAD_DIM or q.shape[1] not in SUPPORTED_NUM_HEADS:
         raise ValueError(f"q must have shape (total_q, num_heads, {QK_HEAD_DIM}) with num_heads in "
                          f"{SUPPORTED_NUM_HEADS}, got {tuple(q.shape)}")
     total_q, num_heads = q.shape[:2]
     cache = paged_cache_of(kv_cache, kv_format, device)
-    check_tensor("indices", indices, (INDPTR_DTYPE,), device)
+    _check_rows("indices", indices, INDPTR_DTYPE, device)
     if indices.dim() != 2 or indices.shape[0] != total_q or indices.shape[1] < 1:
         raise ValueError(f"indices must have shape (total_q = {total_q}, topk >= 1), one row of cache slots per "
                          f"query row, got {tuple(indices.shape)}")
@@ -187,15 +215,17 @@ def check_index_contents(indices, topk_length, cache: PagedCache) -> None:
 
 
 def plan_sparse(*, total_q, num_heads, topk, kv_format, device, return_lse=False, strided_pages=False, backend=None,
-                strict=False) -> SparseDecodePlan:
+                strict=False, sm_scale=DEFAULT_SM_SCALE) -> SparseDecodePlan:
     """Plan a sparse decode of `total_q` query rows of `num_heads` heads, `topk` entries each, over a `kv_format`
     cache on `device` (FlashMLA's schedule is fixed by the same: b x s_q, heads, topk).
 
     The arch's compiled backends are tried first, then torch: a backend's own run_sparse, else the gather route
     through its run_paged (the module docstring), which needs the LSE (SPEC.lse) and a cache whose pages are back
     to back: strided_pages=True leaves that route out. backend forces one (an error when it cannot serve); a
-    planned one that cannot is reported as api.py reports a fallback (a warning, or under strict an error)."""
+    planned one that cannot is reported as api.py reports a fallback (a warning, or under strict an error).
+    sm_scale: the runs', kept by the plan, as api.plan's: the gather route's paged plan is self-checked at it."""
     device = indexed_device(device)
+    check_sm_scale(sm_scale)
     check_kv_format(kv_format)
     if num_heads not in SUPPORTED_NUM_HEADS or topk < 1 or total_q < 0:
         raise ValueError(f"plan_sparse needs num_heads in {SUPPORTED_NUM_HEADS}, topk >= 1 and total_q >= 0; got "
@@ -210,7 +240,8 @@ def plan_sparse(*, total_q, num_heads, topk, kv_format, device, return_lse=False
             if reason is not None:   # by its declaration, as the planner passes over a backend lacking a format
                 reasons.append(f"{name}: {reason}")
                 continue
-            planned, reason = _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages)
+            planned, reason = _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages,
+                                       sm_scale)
             if planned is not None:
                 return planned
         reasons.append(f"{name}: {reason}")
@@ -233,11 +264,15 @@ def _declined(name, kv_format, num_heads, return_lse):
     return None
 
 
-def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages):
+def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, strided_pages, sm_scale):
     """(SparseDecodePlan, None) on backend `name` (a candidate), or (None, why it cannot serve this one)."""
-    module = backends.module(name)
+    module, declared = backends.module(name), backends.spec(name)
     if hasattr(module, "run_sparse"):
-        return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse), None
+        declined = declared.sparse_declines and declared.sparse_declines(kv_format, num_heads, device)
+        if not declined:
+            workspace = declared.sparse_workspace and declared.sparse_workspace(total_q, num_heads, topk, device)
+            return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse,
+                                    sm_scale, workspace=workspace), None
     if strided_pages:
         return None, "its gather route reads pages back to back (the plan asks for strided_pages)"
     if total_q == 0:
@@ -247,11 +282,11 @@ def _plan_on(name, device, total_q, num_heads, topk, kv_format, return_lse, stri
     try:
         paged_plan = plan_paged(rows, table, table[:, 0], num_heads=num_heads, kv_format=kv_format, page_size=1,
                                 max_q_len=1, max_kv_len=topk, device=device, backend=name, return_lse=True,
-                                strict=True)
+                                strict=True, sm_scale=sm_scale)
     except RuntimeError as error:
         return None, str(error)
-    return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse, paged_plan,
-                            rows), None
+    return SparseDecodePlan(name, module, kv_format, device, total_q, num_heads, topk, return_lse, sm_scale,
+                            paged_plan, rows), None
 
 
 def decode_sparse(q, kv_cache, indices, *, kv_format, sm_scale, topk_length=None, attn_sink=None, out=None,
@@ -259,10 +294,10 @@ def decode_sparse(q, kv_cache, indices, *, kv_format, sm_scale, topk_length=None
     """Sparse top-k MLA decode -> (total_q, H, 512) bf16, with return_lse the pair (out, lse) (the module
     docstring). Checks the inputs and the index contents (one device->host copy), plans and runs in one go; to
     decode many steps (or under torch.compile), call plan_sparse() once and .run() per step."""
+    kv_cache = engine_view(kv_cache, kv_format)
     cache = check_sparse_inputs(q, kv_cache, kv_format, indices, topk_length, attn_sink, out)
     check_index_contents(indices, topk_length, cache)
     planned = plan_sparse(total_q=q.shape[0], num_heads=q.shape[1], topk=indices.shape[1], kv_format=kv_format,
                           device=q.device, return_lse=return_lse, strided_pages=not cache.pages_back_to_back,
-                          backend=backend, strict=strict)
-    return planned.run(q, kv_cache, indices, sm_scale=sm_scale, topk_length=topk_length, attn_sink=attn_sink,
-                       out=out)
+                          backend=backend, strict=strict, sm_scale=sm_scale)
+    return planned.run(q, kv_cache, indices, topk_length=topk_length, attn_sink=attn_sink, out=out)

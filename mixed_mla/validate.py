@@ -22,6 +22,7 @@ import torch
 
 from .constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, MXFP4_PACKED_ROW_BYTES, NUM_KV_HEADS, QK_HEAD_DIM,
                         SERVED_KV_FORMATS, SUPPORTED_NUM_HEADS, V_HEAD_DIM)
+from .exact import scale_class
 from .formats import E8M0_DTYPE, FP4X2_DTYPE, FP8_DTYPE, mxfp4_scale_shape
 
 INDPTR_DTYPE = torch.int32
@@ -33,7 +34,8 @@ _error_flags = {}   # torch.device -> its flag tensor: one per device this proce
 PACKED_FP4_DTYPES = (FP4X2_DTYPE, torch.uint8)
 E8M0_DTYPES = (E8M0_DTYPE, torch.uint8)
 FP8_DATA_DTYPES = (FP8_DTYPE, torch.uint8)   # e4m3fn, or its bytes as serving engines often hold them
-DS_MLA_DTYPES = (torch.uint8, FP8_DTYPE)     # vLLM holds fp8_ds_mla rows as uint8, FlashMLA views them as e4m3fn
+DS_MLA_DTYPES = (torch.uint8, torch.int8, FP8_DTYPE)   # vLLM holds fp8_ds_mla rows as uint8 (some engines
+                                                      # int8), FlashMLA views them as e4m3fn
 FP8_SCALE_SHAPES = ((), (1,))               # one float32 per tensor: 0-dim (vLLM's k_scale) or (1,)
 
 
@@ -46,6 +48,25 @@ def check_fp8_scale(scale, device, anchor: str = "q") -> None:
     check_tensor("fp8 kv scale", scale, (torch.float32,), device, anchor)
     if tuple(scale.shape) not in FP8_SCALE_SHAPES:
         raise ValueError(f"fp8 kv scale must be one float32, shape () or (1,), got {tuple(scale.shape)}")
+
+
+def check_sm_scale(sm_scale) -> str:
+    """The class of a plan's sm_scale (exact.scale_class: what its self-check vouches for); a ValueError unless it is
+    a finite positive number (torch's softmax would return NaN for a NaN scale, with no error)."""
+    return scale_class(sm_scale)
+
+
+def run_scale(planned: float, sm_scale) -> float:
+    """The sm_scale a plan's run uses: the plan's when the run names none (FlashInfer's rule: the scale is fixed at
+    plan time), else the run's if it lies in the plan's scale class, which its self-check vouched for; any other is
+    a ValueError (a kernel checked at one class is not vouched for at another: plan again at that scale)."""
+    if sm_scale is None or sm_scale == planned:
+        return planned
+    if check_sm_scale(sm_scale) != scale_class(planned):
+        raise ValueError(f"this plan was planned and self-checked at sm_scale {planned:.6g} (class "
+                         f"{scale_class(planned)}); a run at {sm_scale:.6g} (class {scale_class(sm_scale)}) needs a "
+                         f"plan made with sm_scale={sm_scale:.6g}")
+    return float(sm_scale)
 
 
 def normalized_cache(kv_cache, kv_format: str):
@@ -62,12 +83,14 @@ def normalized_cache(kv_cache, kv_format: str):
 
 
 def indexed_device(device) -> torch.device:
-    """`device` as tensors report theirs: "cuda" -> "cuda:N" (the current one), so it compares equal to a tensor's
-    device and keys one entry per device in the error-flag tables."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
+    """`device` as tensors report theirs, so that it compares equal to a tensor's device and keys one entry per device
+    in the flag tables: "cuda" -> "cuda:N" (the current one), "cpu:0" -> "cpu" (a CPU tensor reports no index). Every
+    device a caller names is normalised here once, before any comparison with a tensor's."""
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
+    if device.index is None:
+        return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
+    return torch.device("cpu") if device.type == "cpu" else device
 
 
 def check_placement(name: str, t, dtypes, device: torch.device, anchor: str = "q") -> None:
@@ -281,7 +304,7 @@ def raise_device_errors(device=None) -> None:
             continue
         violations, segment = flag.tolist()
         if violations:
-            flag.copy_(torch.tensor([0, _NO_SEGMENT], dtype=torch.int32))
+            flag.copy_(torch.tensor([0, _NO_SEGMENT], dtype=torch.int32, device=flag.device))
             names = [name for bit, name in ((FLAG_BAD_QO_INDPTR, "qo_indptr"), (FLAG_BAD_KV_INDPTR, "kv_indptr"))
                      if violations & bit]
             raise ValueError(f"a decode on {key} was given bad {' and '.join(names)} contents (first at segment "

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import mixed_mla
-from mixed_mla import append, exact, formats, paged, selfcheck
+from mixed_mla import append, exact, formats, paged_cache, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE, QK_HEAD_DIM
 
 SM90_DIRS = ("sm90/decode", "sm90/cache_write")
@@ -50,7 +50,7 @@ for use_kernel in (True, False):
     if use_kernel:
         mixed_mla.concat_and_cache_mla(rows[:, :512], rows[:, 512:], data, slots, "fp8", scale)
     else:
-        parsed = paged.paged_cache_of((data, scale), "fp8", torch.device("cuda"))
+        parsed = paged_cache.paged_cache_of((data, scale), "fp8", torch.device("cuda"))
         append.torch_write(rows[:, :512], rows[:, 512:], parsed, slots, "fp8", "single", scale.reshape(()), None)
     written.append(data)
 assert torch.equal(*written), "the built cache-write kernel differs from the torch writer"

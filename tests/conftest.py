@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from mixed_mla import backends, formats
+from mixed_mla import append, backends, formats
 from mixed_mla.constants import QK_HEAD_DIM
 
 
@@ -39,6 +39,13 @@ def build_case(q_lens, kv_lens, num_heads=16, seed=0, device="cpu"):
     q = torch.randn(sum(q_lens), num_heads, QK_HEAD_DIM, dtype=torch.bfloat16, generator=gen)
     kv = torch.randn(sum(kv_lens), 1, QK_HEAD_DIM, dtype=torch.bfloat16, generator=gen)
     return Case(q.to(device), kv.to(device), _indptr(q_lens, device), _indptr(kv_lens, device))
+
+
+@pytest.fixture(autouse=True)
+def fresh_append_flags(monkeypatch):
+    """Every test starts with no append violation flagged and leaves none behind, passed or failed mid-way (a flag a
+    failed test left set was the next test's error): the registry of append flags is the test's own."""
+    monkeypatch.setattr(append, "_error_flags", {})
 
 
 @pytest.fixture(scope="session")

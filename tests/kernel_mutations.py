@@ -71,8 +71,11 @@ def fp8_scale_e4m3fnuz(run):
 
 
 def ignores_sm_scale(run):
-    def mutated(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len, **kwargs):
-        run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, DEFAULT_SM_SCALE, max_q_len, **kwargs)
+    """`run` at the problem's scale whatever the caller's: a backend's run or run_paged (both end in plan, sm_scale,
+    max_q_len), so a paged stand-in keeps the paged signature."""
+    def mutated(*args, **kwargs):
+        *head, _sm_scale, max_q_len = args
+        run(*head, DEFAULT_SM_SCALE, max_q_len, **kwargs)
     return mutated
 
 

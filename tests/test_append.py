@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import mixed_mla
-from mixed_mla import append, exact, formats, paged
+from mixed_mla import append, exact, formats, paged, paged_cache
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM
 
 PAGE_SIZES = (1, 16, 64)
@@ -229,7 +229,7 @@ def test_a_strided_cache_is_appended_in_place(kv_format, validate):
     pages = torch.tensor([3, 0, 5, 1, 4], dtype=torch.int32)
     slot_of = _slots_of(pages, length, page_size)
     strided, buffers = _strided_cache(kv_format, num_pages, page_size, gap_rows, scale)
-    assert not paged.paged_cache_of(strided, kv_format, torch.device("cpu")).pages_back_to_back
+    assert not paged_cache.paged_cache_of(strided, kv_format, torch.device("cpu")).pages_back_to_back
     dense = _empty_cache(kv_format, num_pages, page_size, "cpu", scale=scale)
     for cache in (strided, dense):
         for start, stop in ((0, prompt), (prompt, prompt + 1), (prompt + 1, length)):
@@ -319,7 +319,6 @@ def test_the_unvalidated_path_writes_every_good_row(kv_format, slots, bits):
     redirected to an in-bounds index carrying bytes that change nothing). Each slot in the cache holds its row's bytes
     and every other byte is POISON (a redirect that carried the wrong bytes fails this); the flag holds exactly the
     broken rules' bits, which raise_append_errors raises and clears."""
-    append.append_error_flag("cpu").zero_()
     rows = _rows(len(slots), seed=13, device="cpu")
     expected, scale = _rule_bytes(rows, kv_format)
     cache = _empty_cache(kv_format, 4, 16, "cpu", scale=scale)

@@ -156,6 +156,19 @@ def test_the_torch_invariant_path_reads_only_its_own_rows():
     assert torch.isfinite(out[0].float()).all() and torch.isnan(out[1].float()).all()
 
 
+@pytest.mark.parametrize("sm_scale", [exact.FLAT_SM_SCALE, exact.DEEPSEEK_YARN_SM_SCALE], ids=["flat", "yarn"])
+def test_the_torch_invariant_path_attends_at_the_callers_scale(sm_scale):
+    """Away from the problem's 1/24, where a path that ignored sm_scale would be right and nowhere else: sequences of
+    one and several shares (the merge of splits included)."""
+    pool = make_pool("bf16", "cpu")
+    q, cache, qo, kvi = pool.contiguous((0, 3, 4, 1))
+    out, lse = api.decode(q, cache, qo, kvi, kv_format="bf16", backend="torch", batch_invariant=True,
+                          return_lse=True, sm_scale=sm_scale)
+    ref, ref_lse = exact.exact_attention(q, cache, "bf16", qo, kvi, sm_scale, return_lse=True)
+    assert exact.relative_l2(out, ref) <= exact.strict_bound("bf16", "torch", sm_scale)
+    assert exact.lse_error(lse, ref_lse) <= exact.lse_bound("torch", sm_scale)
+
+
 # ---- the plan ----
 
 def test_the_cuda_plan_has_fixed_shares_enough_splits_and_the_ordered_merge():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import mixed_mla
-from mixed_mla import append, formats, paged
+from mixed_mla import append, formats, paged_cache
 from mixed_mla.constants import (DS_MLA_FORMAT, DS_MLA_ROW_BYTES, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW,
                                  QK_HEAD_DIM, QK_ROPE_HEAD_DIM)
 
@@ -201,7 +201,6 @@ def test_append_paged_is_the_same_write():
 def test_a_slot_past_the_cache(validate):
     """Host-validated: a ValueError and nothing written. Device path: the other rows written, that one not, the flag
     raised later."""
-    append.append_error_flag("cpu").zero_()
     case = make_case(n=6, padding=0, seed=4)
     case.slots = torch.tensor([3, -1, NUM_PAGES * PAGE_SIZE, 9, -2, 40])
     cache = empty_cache("bf16", "cpu")
@@ -295,14 +294,13 @@ def test_the_kernel_is_bitwise_the_torch_writer(kv_format, rounding, slot_dtype)
     for writer in (append.torch_write, lambda *args: append.kernel_write(kernel, *args)):
         append.append_error_flag("cuda").zero_()
         cache = empty_cache(kv_format, "cuda", page_gap=2)
-        parsed = paged.paged_cache_of((cache, scale) if kv_format == "fp8" else cache, kv_format,
-                                      device, anchor="kv_c")
+        parsed = paged_cache.paged_cache_of((cache, scale) if kv_format == "fp8" else cache, kv_format,
+                                            device, anchor="kv_c")
         n = slots.shape[0]
         writer(case.kv_c[:n], case.k_pe[:n], parsed, slots, kv_format, rounding,
                None if scale is None else scale.reshape(()), append.append_error_flag("cuda"))
         assert int(append.append_error_flag("cuda")) == append.FLAG_SLOT_OUT_OF_RANGE
         caches.append(cache)
-    append.append_error_flag("cuda").zero_()
     assert all(torch.equal(a, b) for a, b in zip(cache_rows(caches[0]), cache_rows(caches[1])))
     case.slots = slots.masked_fill(slots >= NUM_PAGES * PAGE_SIZE, -1)
     assert_written(caches[1], case, expected_rows(case, kv_format, 0.0371, double_rounding=rounding == "double"))
@@ -322,12 +320,11 @@ def test_both_violations_of_one_call_are_flagged_by_both_writers(past_row):
     for writer in (append.torch_write, lambda *args: append.kernel_write(kernel, *args)):
         append.append_error_flag(device).zero_()
         cache = empty_cache("fp8", "cuda")
-        parsed = paged.paged_cache_of((cache, scale), "fp8", device, anchor="kv_c")
+        parsed = paged_cache.paged_cache_of((cache, scale), "fp8", device, anchor="kv_c")
         writer(case.kv_c[:20], case.k_pe[:20], parsed, slots, "fp8", "single", scale,
                append.append_error_flag(device))
         assert int(append.append_error_flag(device)) == append.FLAG_SLOT_OUT_OF_RANGE | append.FLAG_BAD_FP8_SCALE
         assert all(bool((rows == POISON).all()) for rows in cache_rows(cache))
-    append.append_error_flag(device).zero_()
 
 
 @pytest.mark.skipif(KERNEL_ARCH is None, reason="needs an sm_90 or gfx950 GPU")

@@ -1,12 +1,13 @@
 """fp8_ds_mla (DeepSeek-V3.2's 656-byte cache) on cuda_sm90's kernels (kernels/sm90/decode/ds_mla_tile.cuh).
 
 CPU: the format's code, its bound, the routes that send it to cuda_sm90 on sm90 (decode, decode_paged, decode_sparse
-through the gather route), the self-check's poisoned caches of it, and a twin of the kernel's arithmetic (the
+through its own kernel), the self-check's poisoned caches of it, and a twin of the kernel's arithmetic (the
 prediction behind the bound: 1.5-1.8e-3, the bf16 rounding of the output; with block ranges that never move it
 overflows f16). GPU (skipped without an sm_90 GPU and the
 backend built): the kernels against the float64 oracle (exact_formats decodes the bytes on its own) under
 STRICT_BOUND[("fp8_ds_mla", "cuda_sm90")], contiguous, paged (page sizes 1, 2, 61, 64: row by row and a page's run of
-rows) and decode_sparse (invalid and duplicate indices, topk_length, attn_sink: tests/test_sparse.py's layout), at
+rows) and decode_sparse (its own kernel since; invalid and duplicate indices, topk_length, attn_sink: tests/test_sparse.py's
+layout), at
 the problem's sm_scale, DeepSeek's YaRN one (0.1352) and a flat one (0.01), 16 and 128 heads (and 4). The caches
 include both writers' scale rules and rows whose blocks span 2^-40 .. 2^40 at random or rising along the row (each
 block's range R_b moves, tile after tile, and its copies of P stay in f16). The negative controls must fail: a
@@ -59,11 +60,12 @@ def test_ds_mla_plans_go_to_cuda_sm90_on_sm90():
         assert (plan.backend, plan.kv_format, plan.variant) == ("cuda_sm90", DS_MLA_FORMAT, "")
 
 
-def test_ds_mla_sparse_decodes_take_the_gather_route_on_cuda_sm90():
-    """decode_sparse feeds a backend without run_sparse through its paged decode at page size 1 (sparse.py)."""
-    assert not hasattr(backends.module("cuda_sm90"), "run_sparse")
+def test_ds_mla_sparse_decodes_take_cuda_sm90s_own_kernel():
+    """decode_sparse of fp8_ds_mla runs cuda_sm90's run_sparse (tests/test_cuda_sm90_sparse.py); its other formats
+    feed the paged decode at page size 1 (sparse.py's gather route)."""
+    assert hasattr(backends.module("cuda_sm90"), "run_sparse")
+    assert backends.spec("cuda_sm90").sparse_declines("fp8", 16, "cuda") is not None
     assert all(backends.serves_paged("cuda_sm90", page_size) for page_size in (1,) + PAGE_SIZES)
-    assert backends.spec("cuda_sm90").lse
 
 
 def test_the_self_checks_poisoned_ds_mla_cache_holds_nan_past_its_rows():
@@ -254,9 +256,10 @@ def _sparse_case(page_size, heads, seed):
 def _sparse_run(case, sm_scale, cache=None):
     import mixed_mla
     planned = mixed_mla.plan_sparse(total_q=case.q.shape[0], num_heads=case.q.shape[1], topk=case.indices.shape[1],
-                                    kv_format=DS_MLA_FORMAT, device="cuda", return_lse=True, strict=True)
-    assert planned.backend_name == "cuda_sm90" and planned.through_paged is not None
-    return planned.run(case.q, case.cache if cache is None else cache, case.indices, sm_scale=sm_scale,
+                                    kv_format=DS_MLA_FORMAT, device="cuda", return_lse=True, strict=True,
+                                    sm_scale=sm_scale)
+    assert planned.backend_name == "cuda_sm90" and planned.through_paged is None
+    return planned.run(case.q, case.cache if cache is None else cache, case.indices,
                        topk_length=case.topk_length, attn_sink=case.attn_sink, validate=True)
 
 

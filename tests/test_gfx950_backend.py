@@ -8,6 +8,8 @@ from mixed_mla.backends import hip_gfx950
 from mixed_mla.constants import KV_FORMAT_CODES
 from mixed_mla.planner import Plan
 
+SM_SCALE = 0.1   # not the problem's 1/24: a binding that dropped the caller's scale for the default fails
+
 
 class Recorder:
     def __init__(self):
@@ -27,7 +29,7 @@ def recorder(monkeypatch):
 
 def _call(case, plan, workspace=None, kv_format="fp8"):
     out = torch.empty(case.q.shape[0], case.q.shape[1], 512, dtype=torch.bfloat16)
-    hip_gfx950.run(case.q, case.cache(kv_format), kv_format, case.qo_indptr, case.kv_indptr, out, plan, 0.1, 1,
+    hip_gfx950.run(case.q, case.cache(kv_format), kv_format, case.qo_indptr, case.kv_indptr, out, plan, SM_SCALE, 1,
                    workspace=workspace)
 
 
@@ -49,7 +51,7 @@ def test_run_passes_the_plans_buffers_the_error_flag_and_the_format_code(recorde
     assert first[6] is workspace.partial_out and first[7] is workspace.partial_lse and second[6] is first[6]
     assert first[8] is validate.device_error_flag(torch.device("cpu"))
     assert first[9].numel() == 0 and first[10] is None      # no counters (two-kernel variant), no lse asked for
-    assert first[11:15] == (3, 4, False, KV_FORMAT_CODES[kv_format])
+    assert first[11:16] == (3, 4, False, KV_FORMAT_CODES[kv_format], SM_SCALE)   # the caller's scale, as a float
 
 
 def test_a_fused_plan_passes_its_zeroed_counters_and_the_lse(recorder, make_case):
@@ -58,11 +60,11 @@ def test_a_fused_plan_passes_its_zeroed_counters_and_the_lse(recorder, make_case
     workspace = hip_gfx950.make_workspace(plan, 8, 16, "cpu")
     out = torch.empty(3, 16, 512, dtype=torch.bfloat16)
     lse = torch.empty(3, 16)
-    hip_gfx950.run(case.q, case.cache("fp8"), "fp8", case.qo_indptr, case.kv_indptr, out, plan, 0.1, 1,
+    hip_gfx950.run(case.q, case.cache("fp8"), "fp8", case.qo_indptr, case.kv_indptr, out, plan, SM_SCALE, 1,
                    workspace=workspace, lse=lse)
     (call,) = recorder.calls
     assert call[9] is workspace.split_counters and not workspace.split_counters.any() and call[10] is lse
-    assert call[11:15] == (3, 2, True, KV_FORMAT_CODES["fp8"])
+    assert call[11:16] == (3, 2, True, KV_FORMAT_CODES["fp8"], SM_SCALE)
 
 
 def test_run_without_a_workspace_allocates_for_that_call_only(recorder, make_case):

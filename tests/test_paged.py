@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from mixed_mla import api, backends, exact, formats, paged, selfcheck
+from mixed_mla import api, backends, exact, formats, paged, paged_cache, selfcheck
 from mixed_mla.constants import DEFAULT_SM_SCALE, KV_FORMATS, QK_HEAD_DIM
 
 PAGE_SIZES = (1, 16, 64)
@@ -64,7 +64,7 @@ def _error(out, case, kv_format, sm_scale=DEFAULT_SM_SCALE):
 
 def _decode(case, kv_format, device, backend):
     q, cache, _, qo, _, table, lens = case
-    fmt = paged.paged_cache_of(cache, kv_format, q.device)
+    fmt = paged_cache.paged_cache_of(cache, kv_format, q.device)
     planned = paged.plan_paged(qo, table, lens, num_heads=q.shape[1], kv_format=kv_format,
                                page_size=fmt.page_size, backend=backend)
     assert planned.plan.backend == backend

@@ -10,6 +10,7 @@ check runs run_paged on the same rows in shuffled, poisoned pages, then on pages
 fails it); the LSE check compares the natural-log LSE when asked for. The torch backend's own arithmetic is judged
 under its own bound (the run-time check leaves torch out: docs/measuring.md#the-self-check).
 """
+import functools
 import math
 import types
 import warnings
@@ -20,7 +21,7 @@ import torch
 
 from emulator.gfx950 import hip_twin
 from kernel_mutations import CASES, CONTROLS, ignores_sm_scale, mutate
-from mixed_mla import api, append, backends, exact, paged, selfcheck
+from mixed_mla import api, append, backends, exact, paged, selfcheck, sparse
 from mixed_mla.backends import torch_ref
 from mixed_mla.planner import Plan
 
@@ -451,8 +452,9 @@ def test_the_appended_view_is_the_paged_view(kv_format):
 
 
 def test_plans_check_at_the_scale_the_caller_plans_with(monkeypatch):
-    """api.plan and plan_paged pass their sm_scale to the self-check: a backend that ignores the scale keeps the
-    problem's scale and is routed away at DeepSeek's."""
+    """api.plan, plan_paged and plan_sparse pass their sm_scale to the self-check: a backend that ignores the scale
+    keeps the problem's scale and is routed away at DeepSeek's (the paged and sparse stand-in is run_paged with its
+    own signature, so it passes at 1/24: only the scale routes it away)."""
     wrong = types.SimpleNamespace(run=ignores_sm_scale(torch_ref.run), run_paged=ignores_sm_scale(torch_ref.run_paged))
     real_module = backends.module
     monkeypatch.setattr(backends, "module", lambda name: wrong if name == "cuda_sm90" else real_module(name))
@@ -460,6 +462,8 @@ def test_plans_check_at_the_scale_the_caller_plans_with(monkeypatch):
     monkeypatch.setattr(api, "_warned_fallbacks", set())
     monkeypatch.setattr(paged, "device_arch", lambda device: "sm90")
     monkeypatch.setattr(api, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(sparse, "device_arch", lambda device: "sm90")
+    monkeypatch.setattr(selfcheck, "_results", {})
     qo, kvp = torch.tensor([0, 1, 3], dtype=torch.int32), torch.tensor([0, 40, 100], dtype=torch.int32)
     table, lens = torch.zeros(2, 4, dtype=torch.int32), torch.tensor([40, 60], dtype=torch.int32)
     assert api.plan(qo, kvp, num_heads=16, kv_format="fp8").plan.backend == "cuda_sm90"
@@ -470,3 +474,9 @@ def test_plans_check_at_the_scale_the_caller_plans_with(monkeypatch):
         planned = paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16,
                                    sm_scale=exact.FLAT_SM_SCALE)
     assert planned.plan.backend == "torch"
+    assert paged.plan_paged(qo, table, lens, num_heads=16, kv_format="fp8", page_size=16).plan.backend == "cuda_sm90"
+    sparse_plan = functools.partial(sparse.plan_sparse, total_q=3, num_heads=16, topk=8, kv_format="fp8",
+                                    device="cpu", return_lse=True)
+    assert sparse_plan().backend_name == "cuda_sm90"
+    with pytest.warns(RuntimeWarning, match="paged cache of page size 1.*sm_scale class up_to_yarn"):
+        assert sparse_plan(sm_scale=exact.DEEPSEEK_YARN_SM_SCALE).backend_name == "torch"

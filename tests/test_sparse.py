@@ -93,15 +93,15 @@ def make_case(kv_format, page_size, num_heads=16, seed=0) -> SparseCase:
                       topk_length, sink, num_slots)
 
 
-def run(case: SparseCase, **changes):
+def run(case: SparseCase, sm_scale=SM_SCALE, **changes):
     """(out, lse) of decode_sparse on the case, with any of its inputs changed."""
     case = replace(case, **changes)
-    return mixed_mla.decode_sparse(case.q, case.cache, case.indices, kv_format=case.kv_format, sm_scale=SM_SCALE,
+    return mixed_mla.decode_sparse(case.q, case.cache, case.indices, kv_format=case.kv_format, sm_scale=sm_scale,
                                    topk_length=case.topk_length, attn_sink=case.attn_sink, return_lse=True)
 
 
-def reference(case: SparseCase):
-    return exact_sparse.exact_sparse_attention(case.q, case.cache, case.kv_format, case.indices, SM_SCALE,
+def reference(case: SparseCase, sm_scale=SM_SCALE):
+    return exact_sparse.exact_sparse_attention(case.q, case.cache, case.kv_format, case.indices, sm_scale,
                                                case.topk_length, case.attn_sink)
 
 
@@ -162,6 +162,16 @@ def test_the_mutation_controls_fail_the_check(kv_format, route):
     clamped = case.indices.clamp(0, case.num_slots - 1)   # invalid entries clamped into the cache, not skipped
     assert not passes(*run(case, indices=clamped), ref, kv_format)
     assert not passes(*run(case, attn_sink=None), ref, kv_format)
+
+
+@pytest.mark.parametrize("sm_scale", [exact.FLAT_SM_SCALE, exact.DEEPSEEK_YARN_SM_SCALE], ids=["flat", "yarn"])
+def test_each_route_attends_at_the_callers_scale(sm_scale, route):
+    """Away from the problem's 1/24, where a route that ignored sm_scale would be right and nowhere else."""
+    case = make_case("fp8", page_size=16, seed=3)
+    out, lse = run(case, sm_scale)
+    ref = reference(case, sm_scale)
+    assert exact.relative_l2(out, ref[0]) <= exact.strict_bound("fp8", "torch", sm_scale)
+    assert exact.lse_error(lse, ref[1]) <= exact.lse_bound("torch", sm_scale)
 
 
 @pytest.mark.parametrize("num_heads", (4, 8, 32, 64, 128))
@@ -385,3 +395,17 @@ def test_a_compiled_sparse_step_replays_in_a_cuda_graph_with_new_indices():
         torch.cuda.synchronize()
         ref = reference(case)
         assert passes(out, lse, ref, "fp8", "cuda_sm90"), errors(out, lse, ref)
+
+
+def test_the_engines_layouts_give_the_same_bits():
+    """vLLM's and FlashMLA's views: the cache as (num_pages, page_size, 1, 656), int8 storage, q and indices with only
+    their last dim contiguous. A last dim that is not contiguous is refused."""
+    case = make_case(DS_MLA_FORMAT, page_size=64)
+    out, lse = run(case)
+    wide_q = torch.cat([case.q, case.q], dim=-1)[..., :QK_HEAD_DIM]
+    wide_indices = torch.cat([case.indices, case.indices], dim=1)[:, :TOPK]
+    for changes in ({"cache": case.cache.unsqueeze(2)}, {"cache": case.cache.view(torch.int8)}, {"q": wide_q},
+                    {"indices": wide_indices}):
+        assert all(torch.equal(a, b) for a, b in zip(run(case, **changes), (out, lse))), list(changes)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        run(case, indices=torch.stack([case.indices, case.indices], dim=-1)[..., 0])

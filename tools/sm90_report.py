@@ -1,11 +1,11 @@
 """Static verification of the sm_90a (Hopper) kernels: compile, read registers / shared memory / spills.
 
-Every kernel of mixed_mla/kernels/sm90/decode/ is compiled for sm_90a with nvcc (the very text submission.py
-ships, through mixed_mla.kernels.materialize), with ptxas' resource report. For each kernel: registers, static
+Every kernel of mixed_mla/kernels/sm90/decode/ and sm90/sparse_decode/ is compiled for sm_90a with nvcc (the very
+text submission.py ships, through mixed_mla.kernels.materialize), with ptxas' resource report. For each kernel: registers, static
 shared memory, stack frame and spill bytes; for the split kernels also the dynamic shared memory they launch with
 (config.h arithmetic, printed by a tiny host program built from the same headers) and the CTAs per SM that the
 registers and shared memory allow. The check fails on any stack frame or spill (local memory in the hot loop),
-or when a split kernel falls below its target of 2 CTAs per SM.
+or when a split kernel falls below its target of 2 CTAs per SM (the sparse kernel: 1, its whole budget).
 
 Usage: python tools/sm90_report.py [--json]   (exit status 1 when a check fails; 2 when nvcc is missing)
 """
@@ -21,16 +21,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mixed_mla.backends.cuda_sm90 import ARCH_FLAGS  # noqa: E402
-from mixed_mla.kernels import materialize  # noqa: E402
+from mixed_mla.kernels import COMMON_DIR, materialize  # noqa: E402
 
 KERNEL_DIR = "sm90/decode"
+SPARSE_DIR = "sm90/sparse_decode"   # its sources include the decode's headers
+SPARSE_KERNEL = "sparse_decode_kernel"
 NVCC_FLAGS = [*ARCH_FLAGS, "-O3", "-std=c++17", "-Xptxas", "-v"]
 REGISTERS_PER_SM = 65536
 SMEM_PER_SM = 228 * 1024            # H100/H200: 228 KB per SM, of which 1 KB per CTA is reserved by the system
 SMEM_RESERVED_PER_CTA = 1024
 TARGET_CTAS_PER_SM = 2
 # config.h kThreads / kMergeThreads; the MXFP4 wgmma kernel (mxfp4_wgmma.cuh) is one warpgroup, kThreads too
-THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128, "decode_mxfp4_wgmma_kernel": 128}
+THREADS = {"decode_split_kernel": 128, "merge_splits_kernel": 128, "decode_mxfp4_wgmma_kernel": 128,
+           SPARSE_KERNEL: 384}   # sparse_config.h kThreads: three warpgroups, one CTA per SM by design
 WGMMA_KERNEL = "decode_mxfp4_wgmma_kernel"
 WGMMA_LABEL = "mxfp4, wgmma"
 FORMAT_NAMES = {0: "bf16", 1: "fp8", 2: "mxfp4", 3: "fp8_ds_mla"}    # config.h KvFormat
@@ -46,9 +49,10 @@ PROPS = re.compile(r"(?P<stack_frame>\d+) bytes stack frame, (?P<spill_stores>\d
 USED = re.compile(r"Used (?P<registers>\d+) registers(?:, used \d+ barriers)?(?:, (?P<static_smem>\d+) bytes smem)?")
 PTXAS_FIELDS = ("registers", "static_smem", "stack_frame", "spill_stores", "spill_loads")
 
-SMEM_PROBE = "#include <cstdio>\n#include \"mxfp4_wgmma.cuh\"\nint main() {\n" + "".join(
+SMEM_PROBE = "#include <cstdio>\n#include \"mxfp4_wgmma.cuh\"\n#include \"sparse_config.h\"\nint main() {\n" + "".join(
     f'  std::printf("%d\\n", mla_sm90::split_smem_bytes<{fmt}, {variant}>());\n' for fmt, variant in SPLIT_KERNELS
-) + '  std::printf("%d\\n", mla_sm90::wgmma_mxfp4::kSmemBytes);\n}\n'
+) + '  std::printf("%d\\n", mla_sm90::wgmma_mxfp4::kSmemBytes);\n' + \
+    '  std::printf("%d\\n", mla_sm90::sparse::kSmemAlloc);\n}\n'
 
 
 @dataclass
@@ -69,28 +73,39 @@ def demangle_name(mangled: str) -> str:
     args = [int(a) for a in re.findall(r"Li(\d+)E", mangled)]
     if WGMMA_KERNEL in mangled:
         return f"{WGMMA_KERNEL}<{WGMMA_LABEL}>"
+    if SPARSE_KERNEL in mangled:
+        return SPARSE_KERNEL
     if "decode_split_kernel" in mangled:
         label = split_label(args[0], args[1]) if len(args) > 1 else FORMAT_NAMES[args[0]]
         return f"decode_split_kernel<{label}{PAGED if 'Lb1E' in mangled else ''}>"
     return f"merge_splits_kernel<{args[0]}>" if args else "merge_splits_kernel"
 
 
-def compile_report(nvcc: str, source_dir: Path) -> list:
+def _ptxas_log(nvcc: str, source: Path, includes: list, tmp: str) -> str:
+    flags = [flag for directory in includes for flag in ("-I", str(directory))]
+    result = subprocess.run([nvcc, *NVCC_FLAGS, *flags, "-c", str(source), "-o", f"{tmp}/{source.stem}.o"],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"nvcc failed on {source.name}:\n{result.stderr}")
+    return result.stderr
+
+
+def compile_report(nvcc: str, source_dir: Path, sparse_dir: Path) -> list:
     with tempfile.TemporaryDirectory() as tmp:
-        result = subprocess.run([nvcc, *NVCC_FLAGS, "-c", str(source_dir / "decode.cu"), "-o", f"{tmp}/decode.o"],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"nvcc failed:\n{result.stderr}")
+        log = _ptxas_log(nvcc, source_dir / "decode.cu", [], tmp)
+        sparse_log = _ptxas_log(nvcc, sparse_dir / "sparse_decode.cu", [source_dir, materialize(COMMON_DIR)], tmp)
         probe = Path(tmp) / "smem_probe.cu"
         probe.write_text(SMEM_PROBE)
-        built = subprocess.run([nvcc, *ARCH_FLAGS, "-std=c++17", "-I", str(source_dir), str(probe), "-o",
-                                f"{tmp}/probe"], capture_output=True, text=True)
+        built = subprocess.run([nvcc, *ARCH_FLAGS, "-std=c++17", "-I", str(source_dir), "-I", str(sparse_dir),
+                                str(probe), "-o", f"{tmp}/probe"], capture_output=True, text=True)
         if built.returncode != 0:
             raise RuntimeError(f"nvcc failed on the shared-memory probe:\n{built.stderr}")
         sizes = subprocess.run([f"{tmp}/probe"], capture_output=True, text=True, check=True).stdout.split()
         dynamic = {split_label(*kernel): int(v) for kernel, v in zip(SPLIT_KERNELS, sizes)}
         dynamic[WGMMA_LABEL] = int(sizes[len(SPLIT_KERNELS)])
-    return assess(parse_ptxas(result.stderr), dynamic)
+        dynamic[SPARSE_KERNEL] = int(sizes[len(SPLIT_KERNELS) + 1])
+    sparse = [r for r in parse_ptxas(sparse_log) if r.name == SPARSE_KERNEL]   # its merge is the decode's
+    return assess(parse_ptxas(log) + sparse, dynamic)
 
 
 def parse_ptxas(log: str) -> list:
@@ -112,6 +127,8 @@ def assess(reports: list, dynamic_smem: dict) -> list:
         fmt = re.search(r"<(.+)>", r.name) if r.name.startswith(("decode_split_kernel", WGMMA_KERNEL)) else None
         if fmt:
             r.dynamic_smem = dynamic_smem[fmt.group(1).removesuffix(PAGED)]   # paging adds no shared memory
+        elif r.name == SPARSE_KERNEL:
+            r.dynamic_smem = dynamic_smem[SPARSE_KERNEL]
         threads = THREADS[r.name.split("<")[0]]
         by_regs = REGISTERS_PER_SM // max(1, r.ptxas["registers"] * threads)
         smem = r.ptxas["static_smem"] + r.dynamic_smem + SMEM_RESERVED_PER_CTA
@@ -119,8 +136,9 @@ def assess(reports: list, dynamic_smem: dict) -> list:
         problems = []
         if r.ptxas["stack_frame"] or r.ptxas["spill_stores"] or r.ptxas["spill_loads"]:
             problems.append("local memory (stack frame or spills)")
-        if fmt and r.ctas_per_sm < TARGET_CTAS_PER_SM:
-            problems.append(f"{r.ctas_per_sm} CTAs per SM < target {TARGET_CTAS_PER_SM}")
+        target = 1 if r.name == SPARSE_KERNEL else TARGET_CTAS_PER_SM if fmt else 0
+        if r.ctas_per_sm < target:
+            problems.append(f"{r.ctas_per_sm} CTAs per SM < target {target}")
         r.problems = tuple(problems)
     return reports
 
@@ -137,7 +155,7 @@ def main() -> int:
     if nvcc is None:
         print("nvcc not found", file=sys.stderr)
         return 2
-    reports = compile_report(nvcc, materialize(KERNEL_DIR))
+    reports = compile_report(nvcc, materialize(KERNEL_DIR), materialize(SPARSE_DIR))
     if args.json:
         print(json.dumps([asdict(r) for r in reports], indent=1))
     else:

@@ -13,10 +13,12 @@ to know about it in ONE place, its `SPEC` (a BackendSpec below), and defines two
                                         it attends (-inf for a row that attends nothing)
     run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, plan, sm_scale, max_q_len[, workspace]
               [, lse])                  optional: the paged form (mixed_mla/paged.py), same rules
-    run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale[, lse])
-                                        optional: sparse top-k decode (mixed_mla/sparse.py); a backend without it
-                                        whose run_paged writes the LSE and serves page size 1 (serves_paged) serves
-                                        sparse decodes through run_paged
+    run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale[, lse][, workspace])
+                                        optional: sparse top-k decode (mixed_mla/sparse.py), of what
+                                        SPEC.sparse_declines lets through; `workspace` is SPEC.sparse_workspace's,
+                                        made at plan time, when set. A decode it declines (or a backend without it)
+                                        whose run_paged writes the LSE and serves page size 1 (serves_paged) is
+                                        served through run_paged
 Its import must not fail for a missing toolchain or device: anything optional is imported inside `available`.
 Adding a backend = its module + one line in REGISTRY. Registry order is the preference order among the
 backends native to one arch; FALLBACK serves every device and is the last resort.
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
+
+from ..validate import indexed_device
 
 # Backend name (what plans, tables and MLA_BACKEND say) -> its module in this package. Order = preference.
 REGISTRY = {
@@ -71,6 +75,10 @@ class BackendSpec:
                                   # page_size x row): the kernels' params carry one row stride, flat over pages
     paged_page_sizes: Optional[Callable] = None   # page_size -> bool: a run-time narrowing of run_paged (an opt-in,
                                                   # read on every plan); None: any page size
+    sparse_declines: Optional[Callable] = None    # (kv_format, num_heads, device) -> why run_sparse does not serve
+                                                  # that decode, or None; None: it serves every one it supports
+    sparse_workspace: Optional[Callable] = None   # (total_q, num_heads, topk, device) -> what run_sparse(workspace=)
+                                                  # takes, made at plan time and owned by the sparse plan
 
     def __post_init__(self):
         if self.fastest_format not in self.formats or not self.variants:
@@ -144,7 +152,7 @@ def check_workspace_buffer(buffer, device, needed: int) -> None:
     if not isinstance(buffer, torch.Tensor) or buffer.dtype != torch.uint8:
         got = getattr(buffer, "dtype", type(buffer).__name__)
         raise ValueError(f"workspace must be a uint8 torch.Tensor, got {got}")
-    if buffer.device != torch.device(device):
+    if buffer.device != indexed_device(device):
         raise ValueError(f"workspace is on {buffer.device} but the plan is for {device}")
     if not buffer.is_contiguous():
         raise ValueError(f"workspace must be contiguous; strides {tuple(buffer.stride())} for shape "

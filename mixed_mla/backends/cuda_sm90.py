@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import BackendSpec, aligned, build_failure
+from . import BackendSpec, aligned, build_failure, cuda_sm90_sparse
 from ..constants import DS_MLA_FORMAT, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .. import kernels
 from ..validate import device_error_flag
@@ -207,7 +207,8 @@ def _empty(device, dtype):
 # faster, the steady state dominating), 32-token tiles below (256 tokens at two CTAs per SM measured 8% slower with
 # 64; ties in between).
 # fp8_ds_mla (DeepSeek-V3.2's cache) is served by its own tile format, contiguous and paged at any page size, and so
-# sparse decodes of it (the gather route, sparse.py): predicted, not yet measured (docs/sm90.md).
+# sparse decodes of it by its own kernel (cuda_sm90_sparse.py; the other formats through the gather route, sparse.py).
+run_sparse = cuda_sm90_sparse.run_sparse
 SPEC = BackendSpec(
     name="cuda_sm90", archs=("sm90",), formats=KV_FORMATS + (DS_MLA_FORMAT,), fastest_format="fp8",
     num_heads=SUPPORTED_NUM_HEADS,   # 4 and 8 heads run as one partly filled group of 16 (the kernels mask the rest)
@@ -215,4 +216,5 @@ SPEC = BackendSpec(
     long_split_variant={"fp8": ("tile64", 1024)}, measured_only_variants=("wgmma",), kernel_dir=KERNEL_DIR,
     workspace=make_workspace,
     workspace_bytes=workspace_bytes, lse=True,
+    sparse_declines=cuda_sm90_sparse.declines, sparse_workspace=cuda_sm90_sparse.make_workspace,
     serves=lambda kv_format: kv_format != DS_MLA_FORMAT or os.environ.get(DS_MLA_OPT_IN) == "1")

@@ -34,6 +34,9 @@ SPEC = BackendSpec(name="torch", formats=SERVED_KV_FORMATS, num_heads=SUPPORTED_
 # float32 elements of working memory per chunk (256 MiB): (256, 8192) with 16 heads runs in ~20 chunks of ~13
 # segments instead of one 4.8 GB dequantised copy of the cache.
 _CHUNK_FLOATS = 1 << 26
+# The indptr contents are read on the host: the index tensors made from them live there, never on the caller's
+# default device (torch.set_default_device), and only the gathers' indices move to q's device.
+HOST = torch.device("cpu")
 # Plan.split_tokens is honoured (planner.batch_invariant_backend reads this).
 BATCH_INVARIANT = True
 
@@ -53,8 +56,8 @@ def run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q
         for b in range(len(qo) - 1):
             _attend_in_splits(q, kv_cache, kv_format, out, lse, sm_scale, qo[b], qo[b + 1], kvp[b], kvp[b + 1])
         return
-    q_lens = torch.tensor(qo).diff()
-    kv_lens = torch.tensor(kvp).diff()
+    q_lens = torch.tensor(qo, device=HOST).diff()
+    kv_lens = torch.tensor(kvp, device=HOST).diff()
     num_heads = q.shape[1]
     longest_q, longest_kv = int(q_lens.max()), int(kv_lens.max())
     per_segment = (longest_kv * (QK_HEAD_DIM + 2 * num_heads * longest_q)
@@ -100,15 +103,15 @@ def _attend_chunk(q, kv_cache, kv_format, out, lse, sm_scale, qo, kvp, q_lens, k
     queries = q[q_first:q_stop].to(torch.float32)                      # (rows, H, 576)
     uniform = bool((q_lens == longest_q).all() and (kv_lens == longest_kv).all())
     device = q.device
-    q_pos = torch.arange(longest_q)
-    kv_pos = torch.arange(longest_kv)
+    q_pos = torch.arange(longest_q, device=HOST)
+    kv_pos = torch.arange(longest_kv, device=HOST)
     if uniform:
         q_rows = None
         q_pad = queries.view(num_segments, longest_q * num_heads, QK_HEAD_DIM)
         k_pad = keys.view(num_segments, longest_kv, QK_HEAD_DIM)
     else:
-        q_starts = torch.tensor(qo[:-1]) - q_first
-        kv_starts = torch.tensor(kvp[:-1]) - kvp[0]
+        q_starts = torch.tensor(qo[:-1], device=HOST) - q_first
+        kv_starts = torch.tensor(kvp[:-1], device=HOST) - kvp[0]
         # Padding positions are clamped onto real rows (never out of range) and masked below.
         q_index = (q_starts[:, None] + q_pos).clamp(max=queries.shape[0] - 1)
         kv_index = (kv_starts[:, None] + kv_pos).clamp(max=keys.shape[0] - 1)
@@ -199,8 +202,8 @@ def run_paged(q, kv_cache, kv_format, qo_indptr, block_table, seq_lens, out, pla
             rows += lengths[last]
             last += 1
         pages, offsets = _page_rows(block_table[first:last], lengths[first:last], page_size)
-        group_qo = torch.tensor([x - qo[first] for x in qo[first:last + 1]], dtype=torch.int32)
-        group_kv = torch.tensor([0] + lengths[first:last], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        group_qo = torch.tensor([x - qo[first] for x in qo[first:last + 1]], dtype=torch.int32, device=HOST)
+        group_kv = torch.tensor([0] + lengths[first:last], dtype=torch.int32, device=HOST).cumsum(0, dtype=torch.int32)
         run(q[qo[first]:qo[last]], _gather_rows(kv_cache, kv_format, pages, offsets), kv_format, group_qo,
             group_kv, out[qo[first]:qo[last]], plan, sm_scale, max_q_len,
             lse=None if lse is None else lse[qo[first]:qo[last]])

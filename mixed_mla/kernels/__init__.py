@@ -74,6 +74,8 @@ GFX950_FILES = ("stage1_fp8_occ2.hip", "stage1_fp8_occ3.hip", "stage1_fp8_occ4.h
                 "launch.hip")
 BUILDS = {build.kernel_dir: build for build in (
     KernelBuild("sm90/decode", ("decode.cu",), "cuda", "sm_90a", SM90_ARCH_FLAGS, implicit_headers=False),
+    KernelBuild("sm90/sparse_decode", ("sparse_decode.cu",), "cuda", "sm_90a", SM90_ARCH_FLAGS, implicit_headers=False,
+                include_kernel_dirs=("sm90/decode",)),
     KernelBuild("sm90/cache_write", ("cache_write.cu",), "cuda", "sm_90a", SM90_ARCH_FLAGS, implicit_headers=False),
     KernelBuild("gfx950/decode", GFX950_FILES, "rocm", "gfx950", ("--offload-arch=gfx950",),
                 functions=("forward", "guard_indptr")),

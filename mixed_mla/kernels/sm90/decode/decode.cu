@@ -8,11 +8,10 @@
 #include "launch.h"
 #include "merge_splits.cuh"
 #include "mxfp4_wgmma.cuh"
+#include "smem_opt_in.h"
 
 namespace mla_sm90 {
 namespace {
-
-constexpr int kMaxDevices = 64;
 
 // The fp8 cache as a TMA tensor map: 576-byte rows (any 16-byte multiple stride), boxes of 128 B x tile_tokens rows,
 // 128-byte swizzle (config.h). Encoded on the host at every launch (the cache pointer may change between calls);
@@ -35,21 +34,6 @@ cudaError_t fp8_tile_map(const DecodeParams& p, int tile_tokens, CUtensorMap* ma
                             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-}
-
-// The >48 KB dynamic shared memory opt-in of kKernel is per device; set it once for each.
-template <auto kKernel>
-cudaError_t allow_dynamic_smem(int bytes) {
-  static bool configured[kMaxDevices] = {};
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  if (device < kMaxDevices && !configured[device]) {
-    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (err != cudaSuccess) return err;
-    configured[device] = true;
-  }
-  return cudaSuccess;
 }
 
 template <int kFormat, int kVariant = kFp8Tile32, bool kPaged = false>
@@ -135,18 +119,5 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || p->num_splits == 1) return err;
-  // Programmatic dependent launch: the merge's launch overlaps the split kernel's tail (griddepcontrol).
-  cudaLaunchAttribute overlap;
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3((unsigned)((int64_t)p->total_q * p->num_heads));
-  config.blockDim = dim3(kMergeThreads);
-  config.stream = stream;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
-  static_assert(kMaxSplits <= 64, "the merge holds at most 64 splits in flight per thread");
-  if (p->num_splits <= 16) return cudaLaunchKernelEx(&config, merge_splits_kernel<16>, *p);
-  if (p->num_splits <= 32) return cudaLaunchKernelEx(&config, merge_splits_kernel<32>, *p);
-  return cudaLaunchKernelEx(&config, merge_splits_kernel<64>, *p);
+  return launch_merge(*p, stream);
 }

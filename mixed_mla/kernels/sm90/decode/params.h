@@ -16,6 +16,9 @@ struct DecodeParams {
   float* partial_lse;             // (total_q, H, num_splits) log2-domain LSE, used when num_splits > 1
   int32_t* error_flag;            // (2,): [violation bits (config.h IndptrViolation), first bad segment]
   float* lse;                     // (total_q, num_heads) row-major, natural-log LSE of each row's scores; null: none
+  // The sparse decode's attention sink (sm90/sparse_decode/), applied by the merge: (num_heads,) float32, each head's
+  // output times exp(lse) / (exp(lse) + exp(sink)); null (every dense decode): none.
+  const float* attn_sink;
   int64_t q_row_stride, q_head_stride;       // elements
   int64_t out_row_stride, out_head_stride;   // elements
   int64_t kv_row_stride;                     // bytes, multiple of 16

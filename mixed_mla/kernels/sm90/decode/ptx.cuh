@@ -150,9 +150,10 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // Pins an accumulator's registers at this point of the program: the compiler sees them read and written here, so no
 // use of them moves across the wgmma_wait before (nor a write across the wgmma_fence after) this call.
-__device__ __forceinline__ void wgmma_pin(float (&d)[16]) {
+template <int kCount>
+__device__ __forceinline__ void wgmma_pin(float (&d)[kCount]) {
 #pragma unroll
-  for (int i = 0; i < 16; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 #define MLA_SM90_ACC16(d)                                                                                         \
@@ -177,8 +178,56 @@ __device__ __forceinline__ void wgmma_e5m2_e4m3_ss(float d[16], uint64_t a, uint
                : MLA_SM90_ACC16(d)
                : "l"(a), "l"(b), "r"(accumulate));
 }
+
+// The bf16 products of the sparse decode (sm90/sparse_decode/), on 128-byte-swizzled operands.
+// D (+)= A B, m64n32k16, bf16 operands by descriptor (both K-major), f32 accumulator; accumulate = 0 overwrites D.
+__device__ __forceinline__ void wgmma_bf16_m64n32_ss(float d[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %18, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " MLA_SM90_D16 ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+               : MLA_SM90_ACC16(d)
+               : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// D += A B, m64n128k16, bf16 operands by descriptor: A K-major, B MN-major (transposed), f32 accumulator.
+__device__ __forceinline__ void wgmma_bf16_m64n128_ss_bt(float (&d)[64], uint64_t a, uint64_t b) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+               "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,"
+               "%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,"
+               "%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+               : MLA_SM90_ACC16(d), MLA_SM90_ACC16((d + 16)), MLA_SM90_ACC16((d + 32)), MLA_SM90_ACC16((d + 48))
+               : "l"(a), "l"(b));
+}
 #undef MLA_SM90_ACC16
 #undef MLA_SM90_D16
+
+// A descriptor of a 128-byte-swizzled operand (PTX ISA "Matrix Descriptor", swizzle mode 1): rows of 128 bytes whose
+// 16-byte units are permuted by unit ^ (row & 7) within each 1024-byte atom of 8 rows (atoms 1024-byte aligned).
+// K-major: `sbo` between groups of 8 rows, `lbo` unused. MN-major: `lbo` between blocks of 64 MN elements, `sbo`
+// between groups of 8 K rows (the canonical ((8, n), (8, k)) : ((1, LBO), (8, SBO)) layout in 16-byte units).
+__device__ __forceinline__ uint64_t wgmma_descriptor_sw128(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return wgmma_descriptor(addr, lbo, sbo) | (1ull << 62);
+}
+
+// A barrier among `threads` threads (a multiple of 32) of the CTA, by id (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// One plain arrival on an mbarrier (release semantics at CTA scope).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Moves this warpgroup's register budget (sm_90a; needs a register cap at entry: __launch_bounds__(threads, 1)).
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 
 // Four 8x8 b16 matrices, transposed, into shared memory: lane 8i + r gives the address of row r of matrix i.
 __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
