@@ -71,6 +71,8 @@ TILE_TOKENS = 32                                # KV rows a tile (config.h TILE_
 # any variant (config.h buffers_for_occupancy), so every wait_tile count its tile loop makes (2, then 1 tiles left in
 # flight, then 0) runs as it runs in production.
 SELFCHECK_TILES_PER_WORKGROUP = 3
+DISABLED_REASON = (f"{DISABLE_ENV} turns off every hip_gfx950 variant (the bring-up's fail-closed '*:*', or a fact "
+                   f"every variant bets on found wrong), and so every HIP kernel of this library on gfx950")
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
                  "e4m3fnuz; use the aiter backend there")
@@ -84,6 +86,14 @@ def disabled(kv_format: str, variant: str) -> bool:
     """Whether DISABLE_ENV turns off this (format, variant) ("*" for any variant)."""
     patterns = [p.strip() for p in os.environ.get(DISABLE_ENV, "").split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(f"{kv_format}:{variant}", p) for p in patterns)
+
+
+def every_variant_disabled() -> bool:
+    """Whether DISABLE_ENV turns off every variant of every format. Then nothing built from these kernels is
+    trusted, and no HIP kernel of the library is launched on gfx950: this backend is unavailable, and the indptr
+    guard (aiter's route) and the cache write (append.py) run as torch ops. Read on every call, as `disabled` is."""
+    variants = [(f, v) for f in FORMATS for v in OCCUPANCY] + [(f, v) for f in FUSED_FORMATS for v in FUSED]
+    return all(disabled(kv_format, variant) for kv_format, variant in variants)
 
 
 def served_formats():
@@ -184,6 +194,8 @@ def available(device):
         return GFX942_REASON
     if arch != ARCH:
         return f"hip_gfx950 is built for {ARCH} (MI355X); this device is {arch}"
+    if every_variant_disabled():   # before the build: nothing of it would be launched
+        return DISABLED_REASON
     return build_failure("hip_gfx950", _module)
 
 
