@@ -233,3 +233,18 @@ def test_the_mca_count_knows_each_formats_tile_chunks():
         assert re.search(rf"constexpr int {name} = TILE_TOKENS \* \w+;\s+// \d+ = {chunks} chunks", config), name
     assert "TILE_CHUNKS = FP4_PACKED_TILE_CHUNKS + 1;" in (ROOT / "mixed_mla/kernels/gfx950/decode/kv_mxfp4.h").read_text()
     assert rocm_build_tool.gfx950_mca.TILE_CHUNKS == {"fp8": 18, "mxfp4": 9 + 1}
+
+
+def test_the_code_object_checks_need_only_the_tools_they_run(tmp_path, monkeypatch):
+    """The bring-up's code-object step (on an MI355X, with ROCm's or Debian's LLVM) runs llvm-objdump and
+    llvm-readobj alone: a missing llvm-mca or lld, which only this CI build runs, does not stop it."""
+    import gfx950_code_object
+    import gfx950_mca
+    monkeypatch.setattr(gfx950_code_object, "LLVM_BIN", tmp_path)
+    monkeypatch.setattr(gfx950_mca, "MCA", tmp_path / "llvm-mca")
+    for tool in ("llvm-objdump", "llvm-readobj"):
+        (tmp_path / tool).touch()
+    assert gfx950_code_object.missing_tools() == []
+    assert rocm_build_tool.missing_llvm_tools() == [str(tmp_path / "ld.lld"), str(tmp_path / "llvm-mca")]
+    (tmp_path / "llvm-readobj").unlink()
+    assert gfx950_code_object.missing_tools() == [str(tmp_path / "llvm-readobj")]
