@@ -280,6 +280,18 @@ def test_the_backend_honours_the_disable_list(monkeypatch):
     assert hip_gfx950.served_formats() == hip_gfx950.FORMATS
 
 
+def test_the_docs_state_the_probes_as_the_code_has_them():
+    """docs/gfx950.md's counts and lists of the probes are the code's."""
+    import re
+    text = (ROOT / "docs/gfx950.md").read_text()
+    not_probed = re.search(r"Not probed, with the reason in `NOT_PROBED` \(no variant bets on them\): (.*?)\.\n", text,
+                           re.S)
+    assert set(re.findall(r"`([\w.]+)`", not_probed.group(1))) == set(probes.NOT_PROBED)
+    assert int(re.search(r"builds (\d+) wrong-hardware emulators", text).group(1)) == len(MUTATIONS)
+    bets = {key for keys in facts.VARIANT_BETS.values() for key in keys}
+    assert not bets & set(probes.NOT_PROBED)   # "no variant bets on them"
+
+
 def test_shipped_text_names_no_test_equipment():
     named = [str(p.relative_to(ROOT)) for p in (ROOT / "mixed_mla").rglob("*")
              if p.is_file() and p.suffix != ".pyc" and any(
