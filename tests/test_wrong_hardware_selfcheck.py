@@ -29,7 +29,7 @@ from mixed_mla.backends import hip_gfx950
 from mixed_mla.constants import DEFAULT_SM_SCALE
 from mixed_mla.kernels import materialize
 
-SPLITS = 3          # the self-check's "several" split class: partials and the merge
+SPLITS = 3          # several splits: partials and the merge
 OCCUPANCY = 3
 FACTOR = 2          # how far past its bound the self-check must fail a wrong hardware
 BOTH, FP8, MXFP4 = ("fp8", "mxfp4"), ("fp8",), ("mxfp4",)
