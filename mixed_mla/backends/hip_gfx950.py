@@ -205,9 +205,9 @@ def selfcheck_layout(plan, arch, num_heads, max_q_len):
     segment of SELFCHECK_TILES_PER_WORKGROUP tiles for each of the plan's splits (its last tile partial). In
     production a workgroup gets several tiles, so its tile loop waits with later tiles in flight (vmcnt(5) and the
     like: the prefetch); in the default layout alone, at 16 or 32 splits, each workgroup gets at most one tile and
-    only vmcnt(0) runs. Cost: 80 rows a split, at most 5104 (64 splits), read by one query row in the check's one
-    launch, besides the default layout's 434 rows: on an MI355X microseconds more, and the float64 reference over
-    them; on CPU lanes about a second at 32 splits."""
+    only vmcnt(0) runs. Cost: 96 rows a split less 16, at most 6128 (64 splits), read by one query row in the
+    check's one launch, besides the default layout's 434 rows: on an MI355X microseconds more, and the float64
+    reference over them; on CPU lanes about a second at 32 splits."""
     segments, heads, poison_rows = selfcheck.default_layout(num_heads, max_q_len)
     rows = TILE_TOKENS * SELFCHECK_TILES_PER_WORKGROUP * plan.num_splits - TILE_TOKENS // 2
     return segments + ((1, rows),), heads, poison_rows
