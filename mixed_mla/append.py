@@ -44,6 +44,7 @@ import warnings
 import torch
 
 from .constants import DS_MLA_FORMAT, FP8_E4M3_MAX, KV_LORA_RANK, MXFP4_BLOCKS_PER_ROW, QK_HEAD_DIM, QK_ROPE_HEAD_DIM
+from .backends import hip_gfx950
 from .formats import FP8_DTYPE, as_uint8, encode_ds_mla_rows, encode_fp8, encode_mxfp4_rows
 from .paged_cache import paged_cache_of
 from .validate import check_fp8_scale, check_kv_format, check_placement, check_tensor, flag_of, indexed_device
@@ -215,9 +216,10 @@ def torch_write(kv_c, k_pe, cache, slot_mapping, kv_format, fp8_rounding, scale,
 
 def _kernel(device: torch.device):
     """The fused cache-write module that serves `device` (sm_90 under a CUDA torch; gfx950 under a ROCm torch with
-    GFX950_OPT_IN=1), else None: the torch writer."""
+    GFX950_OPT_IN=1, unless MLA_GFX950_DISABLE turns off every hip_gfx950 variant), else None: the torch writer."""
     arch = _kernel_arch(device)
-    if arch is None or (arch == "gfx950" and os.environ.get(GFX950_OPT_IN) != "1"):
+    if arch is None or (arch == "gfx950" and (os.environ.get(GFX950_OPT_IN) != "1"
+                                              or hip_gfx950.every_variant_disabled())):
         return None
     return load_kernel(arch)
 

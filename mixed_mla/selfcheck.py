@@ -23,7 +23,10 @@ per value of everything that changes which kernel runs or what it reads --
     the cache: contiguous or paged, and its page size (contiguous: the plan's page_size, the kv_indptr unit aiter's
         metadata reads; paged: the paged cache's, which picks cuda_sm90's fp8 tile source, TMA within a page or the
         row gather);
-    one split or several (stage 1 writes the output, or partials and the merge);
+    the split count: one split (stage 1 writes the output) or several (partials and the merge), and how many tiles
+        each workgroup gets, which decides the waits its tile loop makes (a backend's selfcheck_layout gives each
+        workgroup several: hip_gfx950's prefetch waits), so the first shape a process meets does not decide for
+        the others;
     the head count (head groups, aiter's folding); max_q_len (the q_len kernel: 1, 2, 4, and 3, which the 4-query
         kernel serves with a partial tile);
     return_lse (the kernels' LSE stores);
@@ -39,7 +42,8 @@ Calls (api.route_problem), before using a planned compiled backend:
 layout: None for default_layout(num_heads, max_q_len), or the backend's own (segments, num_heads, poison rows) for
 that geometry where it refuses the default by design (aiter_mla.selfcheck_layout: more than 16 heads with one
 query per segment only, paged plans one query per segment, variant "" uniform queries, no empty segment, and a
-segment v1_0 splits several ways). The paged check always reads the default layout.
+segment v1_0 splits several ways), or where the default misses its production geometry (hip_gfx950.selfcheck_layout:
+several tiles for every workgroup of the plan's split count). The paged check always reads the default layout.
 MLA_SELFCHECK=0 disables it (timing runs: the check launches the kernel and an exact float64 reference once).
 """
 import os
@@ -79,7 +83,7 @@ class FirstUseKey(NamedTuple):
     kv_format: str
     cache: str          # CONTIGUOUS or PAGED
     page_size: int
-    splits: str         # split_class
+    splits: int         # the plan's split count
     num_heads: int
     max_q_len: int
     return_lse: bool
@@ -96,13 +100,8 @@ def first_use_key(backend_name: str, plan, num_heads: int, max_q_len: int, retur
     """The key of a call: page_size None for a contiguous cache (then plan.page_size is the one read), else the
     paged cache's page size."""
     cache, size = (CONTIGUOUS, plan.page_size) if page_size is None else (PAGED, page_size)
-    return FirstUseKey(backend_name, plan.variant, plan.kv_format, cache, size, split_class(plan.num_splits),
-                       num_heads, max_q_len, return_lse, scale_class(sm_scale))
-
-
-def split_class(num_splits: int) -> str:
-    """One split (stage 1 writes the output) or several (partials and the merge)."""
-    return "one" if num_splits == 1 else "several"
+    return FirstUseKey(backend_name, plan.variant, plan.kv_format, cache, size, plan.num_splits, num_heads,
+                       max_q_len, return_lse, scale_class(sm_scale))
 
 
 def default_layout(num_heads: int = NUM_HEADS, max_q_len: int = MAX_Q_LEN):
@@ -258,8 +257,7 @@ def _check(run, plan, device, layout, sm_scale, return_lse=False, page_size=None
     None: `run` is a backend's run on the contiguous layout; else its run_paged on the layout's paged view, then on
     its appended view (the append case).
 
-    The plan's own split count runs (its split class is in the key: one split, stage 1 writing the output, or
-    several, partials and the merge).
+    The plan's own split count runs (it is in the key).
     """
     segments, num_heads, poison_rows = layout
     q, rows, cache, qo, kvp = _poisoned(plan.kv_format, device, segments, num_heads, poison_rows)

@@ -76,6 +76,9 @@ MUTATIONS = [
      ["mxfp4:*"]),
     ("global_load_lds.offset", {"global": False, "lds": True}, "offset 64", []),
     ("s_waitcnt.vmcnt_encoding", {"lo": (0, 4), "hi": (13, 2)}, "after vmcnt(16) loads []", EVERY_VARIANT),
+    # a load completing one wait later than its count (the late hardware the self-check must fail too)
+    ("s_waitcnt.lds_dma", {"order": "in_order", "late_loads": 1}, "after vmcnt(3) loads [0, 1, 2, 3] stood",
+     EVERY_VARIANT),
     ("lds_bytes_per_cu", 64 * 1024, "expected [3, 4, 5, 6]", EVERY_VARIANT),
     # the fused kernels' bets: a fetch_add that returns the value after its add; agent-scope fences that order nothing
     ("global_atomic.counter", dict(facts.value("global_atomic.counter"), returns="new"), "counter left at 1",
@@ -172,25 +175,37 @@ class Recorder:
         return self.outputs(name, np.asarray(inputs))
 
 
-def waitcnt_output(landed_early) -> np.ndarray:
-    """The waitcnt probe's output when, per run, the loads in landed_early[run] stood after the first wait (all
-    lanes) and every load after vmcnt(0)."""
-    out, start = np.zeros(probes.OUT_WORDS, np.int32), 0
+def waitcnt_output(inputs, landed_early) -> np.ndarray:
+    """The waitcnt probe's output (the LDS reads, raw) when, per run, the loads in landed_early[run] stood after the
+    first wait (all lanes; the others still the sentinel) and every load after vmcnt(0)."""
+    out, start = np.full(probes.OUT_WORDS, np.int32(np.uint32(probes.SENTINEL).view(np.int32))), 0
+    words = probes.WAIT_READ_WORDS
     for (loads, _), early in zip(probes.WAIT_RUNS, landed_early):
         for i in early:
-            out[start + i * 64:start + (i + 1) * 64] = 1
-        out[start + loads * 64:start + 2 * loads * 64] = 1
-        start += 2 * loads * 64
+            out[start + i * words:start + (i + 1) * words] = inputs[i * words:(i + 1) * words]
+        out[start + loads * words:start + 2 * loads * words] = inputs[:loads * words]
+        start += 2 * loads * words
     return out
 
 
 def test_loads_that_land_early_out_of_order_judge_nothing():
     # in-order hardware read late: load 6 not yet seen, load 8 seen (what a timing-judged prefix rule rejected)
-    device = Recorder(lambda name, inputs: waitcnt_output([[0, 1, 2, 3, 4, 6], [0, 1, 2, 3, 5, 8, 13]]))
+    device = Recorder(lambda name, inputs: waitcnt_output(inputs, [[0, 1, 2, 3, 4, 6], [0, 1, 2, 3, 5, 8, 13]]))
     assert all(v.holds for v in probes.probe_waitcnt(device))
     # a promised load missing is a contradiction
-    device = Recorder(lambda name, inputs: waitcnt_output([[0, 1, 2, 4, 5], [0, 1, 2, 3]]))
+    device = Recorder(lambda name, inputs: waitcnt_output(inputs, [[0, 1, 2, 4, 5], [0, 1, 2, 3]]))
     assert [v.holds for v in probes.probe_waitcnt(device)] == [False, True]
+
+
+@pytest.mark.parametrize("fill", [0, 1, -1], ids=["zeros", "ones", "all bits"])
+def test_an_output_the_probe_kernels_never_wrote_fails(fill):
+    """The device writes what it observed and the host judges it against the values it expects: an output buffer
+    of one repeated word (a kernel that never ran, or one that reports 1 for 'seen') settles nothing as holding.
+    The s_waitcnt and hand-off probes once computed their verdicts on the device and passed on all ones."""
+    device = Recorder(lambda name, inputs: np.full(probes.OUT_WORDS, fill, np.int32))
+    verdicts = probes.run_probes(probes.in_process(device))   # a probe that raises on it holds nothing either
+    assert set(verdicts) == {key for p in probes.PROBES for key in p.facts}
+    assert not [key for key, v in verdicts.items() if v.holds]
 
 
 def d_registers(d: np.ndarray) -> np.ndarray:
@@ -263,6 +278,18 @@ def test_the_backend_honours_the_disable_list(monkeypatch):
     assert hip_gfx950.served_formats() == ()
     monkeypatch.delenv(hip_gfx950.DISABLE_ENV)
     assert hip_gfx950.served_formats() == hip_gfx950.FORMATS
+
+
+def test_the_docs_state_the_probes_as_the_code_has_them():
+    """docs/gfx950.md's counts and lists of the probes are the code's."""
+    import re
+    text = (ROOT / "docs/gfx950.md").read_text()
+    not_probed = re.search(r"Not probed, with the reason in `NOT_PROBED` \(no variant bets on them\): (.*?)\.\n", text,
+                           re.S)
+    assert set(re.findall(r"`([\w.]+)`", not_probed.group(1))) == set(probes.NOT_PROBED)
+    assert int(re.search(r"builds (\d+) wrong-hardware emulators", text).group(1)) == len(MUTATIONS)
+    bets = {key for keys in facts.VARIANT_BETS.values() for key in keys}
+    assert not bets & set(probes.NOT_PROBED)   # "no variant bets on them"
 
 
 def test_shipped_text_names_no_test_equipment():

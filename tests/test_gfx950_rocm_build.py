@@ -175,8 +175,9 @@ def test_the_code_object_check_knows_which_variants_prefetch():
 
 
 def test_the_prefetch_check_fails_the_real_object_with_a_wait_before_every_k_read(rocm_build, kept_object):
-    """The review's counter-example: vmcnt(0) before every ds_read_b128 of stage1_mxfp4_occ2. Its scales' ds_read_u8
-    still has a path with a tile in flight, but each K read is followed to its own wait, and those fail."""
+    """The review's counter-example: vmcnt(0) before every ds_read_b128 of stage1_mxfp4_occ2. Each K read is followed
+    to its own wait, and those fail (a read of the scales with a path that keeps a tile in flight would not save
+    it); docs/mi355x.md states how many reads lose the overlap, as this object counts them."""
     code = rocm_build_tool.gfx950_code_object.disassembly(kept_object)["stage1_mxfp4_occ2"]
     assert rocm_build_tool.gfx950_code_object.tile_pipeline(code)["overlap_survives"]
     mutated = []
@@ -187,6 +188,9 @@ def test_the_prefetch_check_fails_the_real_object_with_a_wait_before_every_k_rea
     pipeline = rocm_build_tool.gfx950_code_object.tile_pipeline(mutated)
     assert not pipeline["overlap_survives"]
     assert any(r.endswith("ds_read_b128") for r in pipeline["reads_without_overlap"])
+    stated = re.search(r"(\d+) of its (\d+) loop reads lose\s+the overlap", (ROOT / "docs/mi355x.md").read_text())
+    assert (int(stated.group(1)), int(stated.group(2))) == (len(pipeline["reads_without_overlap"]),
+                                                            pipeline["loop_reads"])   # the docs as the code counts
     kernel = rocm_build_tool.gfx950_code_object.KernelObject(name="stage1_mxfp4_occ2", vgpr_count=154,
                                                               max_flat_workgroup_size=256,
                                                               group_segment_fixed_size=30720, tile_pipeline=pipeline)
@@ -233,3 +237,18 @@ def test_the_mca_count_knows_each_formats_tile_chunks():
         assert re.search(rf"constexpr int {name} = TILE_TOKENS \* \w+;\s+// \d+ = {chunks} chunks", config), name
     assert "TILE_CHUNKS = FP4_PACKED_TILE_CHUNKS + 1;" in (ROOT / "mixed_mla/kernels/gfx950/decode/kv_mxfp4.h").read_text()
     assert rocm_build_tool.gfx950_mca.TILE_CHUNKS == {"fp8": 18, "mxfp4": 9 + 1}
+
+
+def test_the_code_object_checks_need_only_the_tools_they_run(tmp_path, monkeypatch):
+    """The bring-up's code-object step (on an MI355X, with ROCm's or Debian's LLVM) runs llvm-objdump and
+    llvm-readobj alone: a missing llvm-mca or lld, which only this CI build runs, does not stop it."""
+    import gfx950_code_object
+    import gfx950_mca
+    monkeypatch.setattr(gfx950_code_object, "LLVM_BIN", tmp_path)
+    monkeypatch.setattr(gfx950_mca, "MCA", tmp_path / "llvm-mca")
+    for tool in ("llvm-objdump", "llvm-readobj"):
+        (tmp_path / tool).touch()
+    assert gfx950_code_object.missing_tools() == []
+    assert rocm_build_tool.missing_llvm_tools() == [str(tmp_path / "ld.lld"), str(tmp_path / "llvm-mca")]
+    (tmp_path / "llvm-readobj").unlink()
+    assert gfx950_code_object.missing_tools() == [str(tmp_path / "llvm-readobj")]

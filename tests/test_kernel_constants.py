@@ -96,3 +96,13 @@ def test_gfx950_format_codes_are_the_python_ones():
         {name: constants.KV_FORMAT_CODES[name] for name in constants.KV_FORMATS}
     assert config["IndptrViolation"] == {"kBadQoIndptr": validate.FLAG_BAD_QO_INDPTR,
                                          "kBadKvIndptr": validate.FLAG_BAD_KV_INDPTR}
+
+
+def test_the_gfx950_selfcheck_layout_counts_in_the_kernels_tiles_and_buffers():
+    """hip_gfx950.selfcheck_layout gives each workgroup as many tiles as the most tile buffers of any variant, so
+    every prefetch wait runs in the check: its tile size and that count are config.h's."""
+    config = kernels.read("gfx950/decode/config.h")
+    assert header_constants("gfx950/decode/config.h")["TILE_TOKENS"] == hip_gfx950.TILE_TOKENS
+    buffers = re.search(r"buffers_for_occupancy\(int occ\) \{ return occ == 4 \? (\d+) : occ == 3 \? (\d+) : (\d+); \}",
+                        config)
+    assert max(int(n) for n in buffers.groups()) == hip_gfx950.SELFCHECK_TILES_PER_WORKGROUP

@@ -172,14 +172,28 @@ def merge_only_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, pla
         out.mul_(0.5)   # a merge that forgets to normalise by the summed weights
 
 
-def test_one_split_and_several_are_separate_verdicts():
-    """The split class is in the first-use key: a merge bug fails the plans with several splits, not one split."""
+def sixteen_splits_bug_kernel(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len):
+    torch_ref.run(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, max_q_len)
+    if plan.num_splits == 16:
+        out.mul_(0.5)   # wrong at one split count only, as a wait count wrong at that geometry would be
+
+
+def test_each_split_count_is_its_own_verdict():
+    """The split count is in the first-use key: a merge bug fails every plan with several splits and not one split,
+    and a bug at 16 splits alone fails there although a plan with several splits passed first (one verdict per
+    "several" let the first shape decide)."""
     counted = Counting(merge_only_bug_kernel)
     assert selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 1), "cpu")
-    with pytest.warns(RuntimeWarning, match="several split"):
+    with pytest.warns(RuntimeWarning, match="16 split"):
         assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 16), "cpu")
+    with pytest.warns(RuntimeWarning, match="5 split"):
+        assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 5), "cpu")
     assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ3", 5), "cpu")   # remembered
-    assert counted.calls == 2
+    assert counted.calls == 3
+    counted = Counting(sixteen_splits_bug_kernel)
+    assert selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ2", 4), "cpu")
+    with pytest.warns(RuntimeWarning, match="16 split"):
+        assert not selfcheck.verified("hip_gfx950", counted, _plan("fp8", "occ2", 16), "cpu")
 
 
 @pytest.mark.parametrize("max_q_len", [1, 2, 3, 4])

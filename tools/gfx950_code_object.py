@@ -91,13 +91,16 @@ class KernelObject:
         return int(target.group(1)) if target else None
 
 
+TOOLS = ("llvm-objdump", "llvm-readobj")   # what these checks run (metadata, disassembly), and all they need
+
+
 def _tool(name: str) -> str:
     return str(LLVM_BIN / name)
 
 
 def missing_tools() -> list:
-    return [str(LLVM_BIN / t) for t in ("ld.lld", "llvm-objdump", "llvm-readobj", "llvm-mca")
-            if not (LLVM_BIN / t).exists()]
+    """The TOOLS not found in LLVM_BIN: the bring-up's code-object step needs these alone."""
+    return [_tool(t) for t in TOOLS if not (LLVM_BIN / t).exists()]
 
 
 def metadata(obj: Path) -> dict:

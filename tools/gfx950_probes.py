@@ -50,16 +50,17 @@ DISABLE_ENV = "MLA_GFX950_DISABLE"      # hip_gfx950.DISABLE_ENV
 PROBE_TIMEOUT_S = 120                   # one probe's process on the device: its HIP start-up, copies and kernel
 VERDICTS_MARK = "VERDICTS "             # the line a probe's own process prints its verdicts on
 # probes.hip's buffer sizes and layout constants
-IN_WORDS, OUT_WORDS = 16384, 8192
+IN_WORDS, OUT_WORDS = 16384, 16384
 MFMA_CALL_WORDS, MFMA_OUT_WORDS, BF16_CALL_WORDS = 64 * 8 * 2 + 64 * 2, 64 * 4, 64 * 4 * 2
 SENTINEL = 0xA5A5A5A5
 LDS_PROBE_BYTES = 2048
 WAIT_RUNS = ((8, 3), (20, 16))          # (loads, vmcnt left) of the s_waitcnt probe's two runs: low bits, high bits
 WAIT_STRIDE = 64 * 16
+WAIT_READ_WORDS = WAIT_STRIDE // 4      # one read of one load by the wave: 16 raw bytes a lane
 E4M3_ONE, FP4_ONE, FP4_ONES, E8M0_ONE = 0x38, 0x2, 0x22, 127   # 1.0 as e4m3, as fp4, twice in a byte; unit e8m0
 HANDOFF_GROUPS, HANDOFF_DATA = 8, 64
 HANDOFF_SEEN = HANDOFF_DATA + 64 * HANDOFF_GROUPS
-HANDOFF_LAST = HANDOFF_SEEN + 64
+HANDOFF_LAST = HANDOFF_SEEN + 64 * HANDOFF_GROUPS
 POISON_BYTE = 0xFF                      # what the emulator leaves where the hardware's result is undefined
 OCCUPANCY_SIZES = 4                     # probes.hip OCCUPANCY_SIZES
 F32_EXACT_BITS = 24                     # significant bits of an f32: the exactness probe's sums stay within them
@@ -548,18 +549,20 @@ def lds_placement_seen(image: np.ndarray, source: np.ndarray, size: int) -> str:
 @probe("s_waitcnt.vmcnt_encoding", "s_waitcnt.lds_dma")
 def probe_waitcnt(device: Device) -> list:
     """16-byte direct-to-LDS loads (the kernels' tile loads), then s_waitcnt vmcnt(n) as the kernels encode it:
-    8 loads and vmcnt(3) (the low bits), then 20 loads and vmcnt(16) (the high bits). Each lane reports whether its
-    16 bytes of each load stand in LDS. Only the promise is judged: after vmcnt(n) the oldest loads but n have
-    landed, after vmcnt(0) all; a later load seen early or late judges nothing. So on in-order hardware the
-    verdict cannot depend on timing; hardware that retires out of order is caught when an old load is still in
-    flight (one-sided). The low-bits run judges lds_dma, the high-bits run the encoding."""
-    source = 1 + np.arange(WAIT_RUNS[1][0] * WAIT_STRIDE // 4)          # never the sentinel, never poison
+    8 loads and vmcnt(3) (the low bits), then 20 loads and vmcnt(16) (the high bits). Each lane writes its 16 bytes
+    of each load as it read them from LDS; a load has landed where every lane read its source bytes. Only the
+    promise is judged: after vmcnt(n) the oldest loads but n have landed, after vmcnt(0) all; a later load seen
+    early or late judges nothing. So on in-order hardware the verdict cannot depend on timing; hardware that
+    retires out of order is caught when an old load is still in flight (one-sided). The low-bits run judges
+    lds_dma, the high-bits run the encoding."""
+    source = 1 + np.arange(WAIT_RUNS[1][0] * WAIT_READ_WORDS)          # never the sentinel, never poison
     out = device.run("waitcnt", source)
     verdicts, start = [], 0
     for (loads, left), key in zip(WAIT_RUNS, ("s_waitcnt.lds_dma", "s_waitcnt.vmcnt_encoding")):
-        seen = out[start:start + 2 * loads * 64].reshape(2, loads, 64)
-        start += 2 * loads * 64
-        landed = [[int(i) for i in range(loads) if np.all(seen[half, i] == 1)] for half in range(2)]
+        reads = out[start:start + 2 * loads * WAIT_READ_WORDS].reshape(2, loads, WAIT_READ_WORDS)
+        start += 2 * loads * WAIT_READ_WORDS
+        expected = source[:loads * WAIT_READ_WORDS].reshape(loads, WAIT_READ_WORDS)
+        landed = [[int(i) for i in range(loads) if np.array_equal(reads[half, i], expected[i])] for half in range(2)]
         ok = set(range(loads - left)) <= set(landed[0]) and landed[1] == list(range(loads))
         verdicts.append(Verdict(key, ok, f"{loads} loads: after vmcnt({left}) loads {landed[0]} stood in LDS "
                                          f"(0-{loads - left - 1} promised); after vmcnt(0) {len(landed[1])}"))
@@ -716,14 +719,16 @@ def probe_handoff(device: Device) -> list:
     decode calls would: in each launch exactly one workgroup must find itself last and leave the counter 0 (the
     relaxed fetch_add is indivisible and returns the value before; the second launch's adds read the first's store
     of 0), and every lane of that last arriver must see all 8 workgroups' stores of its column (the agent-scope
-    release/acquire fences order them before the counter). A device may pass by luck where a fence is missing;
-    one that fails has contradicted the facts."""
+    release/acquire fences order them before the counter; the kernel copies what it read, the stores expected here
+    are counted). A device may pass by luck where a fence is missing; one that fails has contradicted the facts."""
     counter_seen, fence_seen, counter_ok, fence_ok = [], [], True, True
     start = np.zeros(OUT_WORDS, np.int32)
     for launch in range(2):
-        out = device.run("handoff", np.array([1000 * (launch + 1)]), out=start)
+        base = 1000 * (launch + 1)
+        out = device.run("handoff", np.array([base]), out=start)
         last = [w for w in range(HANDOFF_GROUPS) if out[HANDOFF_LAST + w]]
-        seen = int(out[HANDOFF_SEEN:HANDOFF_SEEN + 64].sum()) if len(last) == 1 else 0
+        stores = base + np.arange(64 * HANDOFF_GROUPS)     # probes.hip: workgroup w's lane l stores base + 64 w + l
+        seen = int(np.sum(out[HANDOFF_SEEN:HANDOFF_LAST] == stores)) if len(last) == 1 else 0
         counter_ok &= len(last) == 1 and int(out[0]) == 0
         fence_ok &= len(last) == 1 and seen == 64 * HANDOFF_GROUPS
         counter_seen.append(f"launch {launch + 1}: last arrivers {last}, counter left at {int(out[0])}")

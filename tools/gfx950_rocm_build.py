@@ -112,7 +112,7 @@ def setup() -> list:
         done.append(f"extracted the HIP headers and {', '.join(DEVICE_LIBS)} of triton {TRITON_VERSION} into "
                     f"{ROCM_DIR}")
     packages = ([CLANG_HEADERS_PACKAGE] if not (CLANG_RESOURCE_DIR / HIP_WRAPPER).exists() else []) + \
-        (list(LLVM_PACKAGES) if gfx950_code_object.missing_tools() else [])
+        (list(LLVM_PACKAGES) if missing_llvm_tools() else [])
     if packages:
         if os.geteuid() == 0 and shutil.which("apt-get"):
             apt = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -125,6 +125,13 @@ def setup() -> list:
     return done
 
 
+def missing_llvm_tools() -> list:
+    """The LLVM tools this build runs and does not find: the code-object checks' (gfx950_code_object.TOOLS), lld for
+    the device link and llvm-mca for the tile loops' count (gfx950_mca)."""
+    own = [gfx950_code_object.LLVM_BIN / "ld.lld", gfx950_mca.MCA]
+    return gfx950_code_object.missing_tools() + [str(tool) for tool in own if not tool.exists()]
+
+
 def missing_prerequisites() -> list:
     """What this build needs and does not find (empty when it can run)."""
     missing = []
@@ -135,7 +142,7 @@ def missing_prerequisites() -> list:
                        f"{CLANG_HEADERS_PACKAGE})")
     missing += [f"{BITCODE_DIR / lib} (python tools/gfx950_rocm_build.py --setup)" for lib in DEVICE_LIBS
                 if not (BITCODE_DIR / lib).exists()]
-    missing += [f"{tool} (apt-get install {' '.join(LLVM_PACKAGES)})" for tool in gfx950_code_object.missing_tools()]
+    missing += [f"{tool} (apt-get install {' '.join(LLVM_PACKAGES)})" for tool in missing_llvm_tools()]
     for tool in ("c++", "nm"):
         if shutil.which(tool) is None:
             missing.append(tool)

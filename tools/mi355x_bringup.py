@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO / "tools"))
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "mi355x"
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"     # hip_gfx950.MXFP4_OPT_IN, spelled here so the parent never imports torch
 ROUTING_OVERRIDES = ("MLA_BACKEND", "MLA_KV_FORMAT", "MLA_SPLITS", "MLA_SELFCHECK")   # planner / selfcheck env
-SELFCHECK_SPLITS = 32                  # the self-check runs 1 split and this many (mostly empty ones, the merge)
+SELFCHECK_SPLITS = 32                  # the self-check runs 1 split and this many (the most a table entry uses)
 TAIL_LINES = 40
 ROCM_LLVM_BIN = Path("/opt/rocm/llvm/bin")   # ROCm's LLVM tools, where Debian's llvm-22 is not installed
 PROBE_STEP = "probes"
@@ -425,15 +425,17 @@ def stage1_kernel(variant: str) -> str:
 
 
 def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str, results: Path | None) -> int:
-    """The self-check of one (backend, variant, format) here, per split class of its first-use key: a result line
-    each (printed, and appended to `results`), exit 1 unless both passed."""
+    """The self-check of one (backend, variant, format) here at 1 and SELFCHECK_SPLITS splits (the split count is in
+    its first-use key), on the backend's own layout where it has one (as a first call runs it: hip_gfx950's gives
+    every workgroup several tiles): a result line each (printed, and appended to `results`), exit 1 unless both
+    passed."""
     import torch
     from mixed_mla import backends, exact, selfcheck
-    from mixed_mla.planner import Plan
+    from mixed_mla.planner import Plan, device_arch
     os.environ.pop(selfcheck.ENV_SWITCH, None)   # a check switched off would pass anything
     reason = backends.unavailable_reason(backend_name, str(torch.device(device)))
     all_passed = True
-    # both split classes of the first-use key (selfcheck.first_use_key): stage 1 alone, and the merge
+    # stage 1 alone, and the merge
     for plan in (Plan(backend_name, kv_format, splits, variant) for splits in (1, SELFCHECK_SPLITS)):
         record = dict(configuration(plan), bound=exact.STRICT_BOUND.get((kv_format, backend_name)), error=None)
         if reason is not None:
@@ -443,8 +445,10 @@ def selfcheck_one(backend_name: str, variant: str, kv_format: str, device: str, 
             start = time.monotonic()
             with warnings.catch_warnings(record=True) as caught, measured_errors(selfcheck, errors):
                 warnings.simplefilter("always")
-                passed = selfcheck.verified(backend_name, backends.module(backend_name).run, plan,
-                                            torch.device(device))
+                module = backends.module(backend_name)
+                layout = (module.selfcheck_layout(plan, device_arch(torch.device(device)), selfcheck.NUM_HEADS,
+                                                  selfcheck.MAX_Q_LEN) if hasattr(module, "selfcheck_layout") else None)
+                passed = selfcheck.verified(backend_name, module.run, plan, torch.device(device), layout)
             record.update(passed=passed, error=errors[-1] if errors else None,
                           problem="; ".join(str(w.message) for w in caught) or None,
                           seconds=round(time.monotonic() - start, 2))

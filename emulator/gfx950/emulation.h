@@ -326,12 +326,13 @@ inline void global_load_lds(const void* src, void* dst, int size, int offset) {
 // direct-to-LDS loads no earlier than the hardware would (the stricter side).
 inline void issue_vector_memory_without_copy() { current->pending.push_back(PendingCopy{nullptr, nullptr, 0}); }
 
-// s_waitcnt: retires this lane's oldest operations until at most vmcnt remain, and with lgkmcnt 0 releases the LDS
-// stores made so far (isa_facts.h encoding).
+// s_waitcnt: retires this lane's oldest operations until at most vmcnt remain (VMCNT_LATE_LOADS more for a non-zero
+// vmcnt: a wrong-timing hardware), and with lgkmcnt 0 releases the LDS stores made so far (isa_facts.h encoding).
 inline void wait_counters(unsigned imm) {
   using namespace mla_facts;
-  const size_t allowed = ((imm >> VMCNT_LO_SHIFT) & ((1u << VMCNT_LO_BITS) - 1)) |
-                         (((imm >> VMCNT_HI_SHIFT) & ((1u << VMCNT_HI_BITS) - 1)) << VMCNT_LO_BITS);
+  const size_t vmcnt = ((imm >> VMCNT_LO_SHIFT) & ((1u << VMCNT_LO_BITS) - 1)) |
+                       (((imm >> VMCNT_HI_SHIFT) & ((1u << VMCNT_HI_BITS) - 1)) << VMCNT_LO_BITS);
+  const size_t allowed = vmcnt + (vmcnt > 0 ? VMCNT_LATE_LOADS : 0);
   while (current->pending.size() > allowed) {
     const PendingCopy& c = current->pending.front();
     if (c.dst) {

@@ -148,7 +148,11 @@ FACTS = (
           f"{ISA}, S_WAITCNT"), "high", bet_by="the tile pipeline's waits"),
     Fact("s_waitcnt.lds_dma",
          "Direct-to-LDS loads count in vmcnt and retire in issue order; their LDS bytes are valid only after an "
-         "s_waitcnt vmcnt that covers them. Until then the destination is undefined.", "in_order",
+         "s_waitcnt vmcnt that covers them. Until then the destination is undefined.",
+         # late_loads: the loads a wait for vmcnt(n), n > 0, leaves in flight beyond n. 0 on the hardware the
+         # sources describe; a wrong-timing hardware (the mutation tests) completes that many loads later than the
+         # count implies, which only a workgroup with a tile in flight past its wait (a prefetch wait) can meet.
+         {"order": "in_order", "late_loads": 0},
          (f"{ISA}, section 9.1.9", "llvm/llvm-project SIInsertWaitcnts.cpp (LDS DMA tracked as a VMEM access)"),
          "high", bet_by="the tile pipeline's waits"),
     Fact("e4m3fn", "OCP e4m3fn: bias 7, no infinities, NaN = S.1111.111 (0x7F/0xFF), max 448, min subnormal 2^-9.",
@@ -383,6 +387,8 @@ def header(overrides=None) -> str:
         f"constexpr bool CVT_BF16_FP4_LOW_FIRST = {str(cvt_bf16_fp4['first'] == 'low').lower()};",
         f"constexpr int VMCNT_LO_SHIFT = {vm['lo'][0]}, VMCNT_LO_BITS = {vm['lo'][1]};",
         f"constexpr int VMCNT_HI_SHIFT = {vm['hi'][0]}, VMCNT_HI_BITS = {vm['hi'][1]};",
+        "// loads a wait for vmcnt(n), n > 0, leaves in flight beyond n (0: exactly n)",
+        f"constexpr int VMCNT_LATE_LOADS = {value('s_waitcnt.lds_dma', overrides)['late_loads']};",
         f"constexpr int E4M3_BIAS = {e4m3['bias']};",
         f"constexpr float E4M3_MAX = {e4m3['max']}f;",
         f"constexpr int E8M0_BIAS = {e8m0['bias']}, E8M0_NAN = {e8m0['nan']};",

@@ -152,14 +152,20 @@ def make_workspace(plan, max_total_q: int, num_heads: int, device) -> IndptrGuar
                        int32(1), device_error_flag(device))
 
 
-@functools.lru_cache(maxsize=8)
 def _hip_guard(device):
     """The gfx950 HIP module's one-launch guard (kernels/gfx950/decode/indptr_guard.hip) where that module is built
-    for `device` (hip_gfx950 is available there), else None: then guard_indptr runs as torch ops."""
-    from . import unavailable_reason
+    for `device` (hip_gfx950 is available there) and MLA_GFX950_DISABLE leaves some variant on (read on every call,
+    as hip_gfx950 reads it), else None: then guard_indptr runs as torch ops."""
+    from . import hip_gfx950
+    return None if hip_gfx950.every_variant_disabled() else _built_hip_guard(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _built_hip_guard(device):
+    """_hip_guard's kernel where hip_gfx950 is available on `device`, else None."""
+    from . import hip_gfx950, unavailable_reason
     if device.type != "cuda" or unavailable_reason("hip_gfx950", str(device)) is not None:
         return None
-    from . import hip_gfx950
     return hip_gfx950._module().guard_indptr
 
 

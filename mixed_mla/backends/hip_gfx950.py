@@ -44,7 +44,7 @@ import torch
 
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, QK_HEAD_DIM
 from ..formats import as_uint8
-from .. import kernels
+from .. import kernels, selfcheck
 from . import WORKSPACE_ALIGNMENT, cuda_sm90  # the same split workspace: partials, LSEs, the error flag
 
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
@@ -66,6 +66,13 @@ ARCH = "gfx950"
 KERNEL_DIR = "gfx950/decode"
 KERNEL_FILES = kernels.BUILDS[KERNEL_DIR].device_files
 ROW_BYTES = {"fp8": QK_HEAD_DIM, "mxfp4": QK_HEAD_DIM // 2}
+TILE_TOKENS = 32                                # KV rows a tile (config.h TILE_TOKENS)
+# The self-check (selfcheck_layout) gives every workgroup of a plan this many tiles: occ2's tile buffers, the most of
+# any variant (config.h buffers_for_occupancy), so every wait_tile count its tile loop makes (2, then 1 tiles left in
+# flight, then 0) runs as it runs in production.
+SELFCHECK_TILES_PER_WORKGROUP = 3
+DISABLED_REASON = (f"{DISABLE_ENV} turns off every hip_gfx950 variant (the bring-up's fail-closed '*:*', or a fact "
+                   f"every variant bets on found wrong), and so every HIP kernel of this library on gfx950")
 GFX942_REASON = ("hip_gfx950 does not run on gfx942 (MI300X): its kernels use gfx950-only instructions (the scaled "
                  "f8f6f4 MFMA, 16-byte direct-to-LDS loads, scaled fp8/fp4 conversions) and gfx942 stores fp8 as "
                  "e4m3fnuz; use the aiter backend there")
@@ -79,6 +86,14 @@ def disabled(kv_format: str, variant: str) -> bool:
     """Whether DISABLE_ENV turns off this (format, variant) ("*" for any variant)."""
     patterns = [p.strip() for p in os.environ.get(DISABLE_ENV, "").split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(f"{kv_format}:{variant}", p) for p in patterns)
+
+
+def every_variant_disabled() -> bool:
+    """Whether DISABLE_ENV turns off every variant of every format. Then nothing built from these kernels is
+    trusted, and no HIP kernel of the library is launched on gfx950: this backend is unavailable, and the indptr
+    guard (aiter's route) and the cache write (append.py) run as torch ops. Read on every call, as `disabled` is."""
+    variants = [(f, v) for f in FORMATS for v in OCCUPANCY] + [(f, v) for f in FUSED_FORMATS for v in FUSED]
+    return all(disabled(kv_format, variant) for kv_format, variant in variants)
 
 
 def served_formats():
@@ -179,7 +194,23 @@ def available(device):
         return GFX942_REASON
     if arch != ARCH:
         return f"hip_gfx950 is built for {ARCH} (MI355X); this device is {arch}"
+    if every_variant_disabled():   # before the build: nothing of it would be launched
+        return DISABLED_REASON
     return build_failure("hip_gfx950", _module)
+
+
+def selfcheck_layout(plan, arch, num_heads, max_q_len):
+    """(segments as (q_len, kv_len) pairs, num_heads, poison rows) of the run-time self-check of this plan and call
+    geometry (selfcheck.first_use_key, one verdict per split count): selfcheck's default layout plus one plain-decode
+    segment of SELFCHECK_TILES_PER_WORKGROUP tiles for each of the plan's splits (its last tile partial). In
+    production a workgroup gets several tiles, so its tile loop waits with later tiles in flight (vmcnt(5) and the
+    like: the prefetch); in the default layout alone, at 16 or 32 splits, each workgroup gets at most one tile and
+    only vmcnt(0) runs. Cost: 96 rows a split less 16, at most 6128 (64 splits), read by one query row in the
+    check's one launch, besides the default layout's 434 rows: on an MI355X microseconds more, and the float64
+    reference over them; on CPU lanes about a second at 32 splits."""
+    segments, heads, poison_rows = selfcheck.default_layout(num_heads, max_q_len)
+    rows = TILE_TOKENS * SELFCHECK_TILES_PER_WORKGROUP * plan.num_splits - TILE_TOKENS // 2
+    return segments + ((1, rows),), heads, poison_rows
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,7 +1,8 @@
 // Hardware probes for the gfx950 fact base (emulator/gfx950/facts.py): one wave of 64 lanes runs one builtin the
-// decode kernels rely on, on inputs tools/gfx950_probes.py prepares, and writes what it saw. The Python side holds
-// the expected values (from the fact records) and the verdicts; these kernels only move registers, so the same
-// text runs on an MI355X (launch_rocm.hip) and under the CPU emulator (emulator/gfx950/probe_driver.cpp).
+// decode kernels rely on, on inputs tools/gfx950_probes.py prepares, and writes what it saw: raw values, never a
+// verdict, so a buffer the kernel never wrote (all zeros, all ones) cannot pass. The Python side holds the expected
+// values (from the fact records) and the verdicts; these kernels only move registers, so the same text runs on an
+// MI355X (launch_rocm.hip) and under the CPU emulator (emulator/gfx950/probe_driver.cpp).
 // Every probe takes (in, out): int32 buffers of PROBE_IN_WORDS and PROBE_OUT_WORDS words. The helpers come from
 // the kernels' own prelude, so a probe exercises the same spelling of each builtin as the kernels.
 #pragma once
@@ -13,7 +14,7 @@ using namespace mla_gfx950;
 
 constexpr int PROBE_THREADS = 64;
 constexpr int PROBE_IN_WORDS = 16384;
-constexpr int PROBE_OUT_WORDS = 8192;
+constexpr int PROBE_OUT_WORDS = 16384;   // the s_waitcnt probe's 14336 words of raw LDS reads
 // One scaled-MFMA call's inputs: A [64][8], B [64][8], scale A [64], scale B [64]; its output D [64][4].
 constexpr int MFMA_CALL_WORDS = 64 * 8 * 2 + 64 * 2;
 constexpr int MFMA_OUT_WORDS = 64 * 4;
@@ -24,17 +25,19 @@ constexpr unsigned SENTINEL = 0xA5A5A5A5u;   // LDS filler that no probe input b
 constexpr int LDS_PROBE_BYTES = 2048;
 // The s_waitcnt probe: two runs of 16-byte direct-to-LDS loads (the kernels' tile loads), each followed by a wait
 // that leaves WAIT_LEFT_* of them in flight: the first encodable in vmcnt's low bits alone, the second needing its
-// high bits. Each load writes WAIT_STRIDE bytes of LDS (64 lanes x 16 bytes).
+// high bits. Each load writes WAIT_STRIDE bytes of LDS (64 lanes x 16 bytes); each read of it is WAIT_READ_WORDS
+// words of raw LDS.
 constexpr int WAIT_LOADS_LOW = 8, WAIT_LEFT_LOW = 3;
 constexpr int WAIT_LOADS_HIGH = 20, WAIT_LEFT_HIGH = 16;
 constexpr int WAIT_STRIDE = 64 * 16;
+constexpr int WAIT_READ_WORDS = WAIT_STRIDE / 4;
 // The hand-off probe: HANDOFF_GROUPS workgroups of one wave; out[0] is their counter, out[HANDOFF_DATA + 64 w + l]
-// workgroup w's lane l's store, out[HANDOFF_SEEN + l] how many of column l's stores the last arriver's lane l saw,
+// workgroup w's lane l's store, out[HANDOFF_SEEN + 64 w + l] what the last arriver's lane l read there,
 // out[HANDOFF_LAST + w] 1 where workgroup w was the last arriver.
 constexpr int HANDOFF_GROUPS = 8;
 constexpr int HANDOFF_DATA = 64;
 constexpr int HANDOFF_SEEN = HANDOFF_DATA + 64 * HANDOFF_GROUPS;
-constexpr int HANDOFF_LAST = HANDOFF_SEEN + 64;
+constexpr int HANDOFF_LAST = HANDOFF_SEEN + 64 * HANDOFF_GROUPS;
 
 __device__ inline void store_d(int32_t* out, v4f d) {
   const int l = lane_id();
@@ -140,20 +143,18 @@ __global__ void probe_load_lds(const int32_t* in, int32_t* out) {
   load_and_dump<4, 64>(in, lds, out + 3 * image);
 }
 
-// Whether lane l's 16 bytes of load i, as read from LDS (`got`), equal the source: 1 or 0.
-__device__ inline int32_t landed(v4u got, const int32_t* in, int i) {
-  const int32_t* want = in + (i * WAIT_STRIDE + 16 * lane_id()) / 4;
-  bool same = true;
+// Lane l's 16 bytes of a load as read from LDS, to out[4 l ..].
+__device__ inline void store_read(int32_t* out, v4u got) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) same &= (int32_t)got[k] == want[k];
-  return same;
+  for (int k = 0; k < 4; ++k) out[4 * lane_id() + k] = (int32_t)got[k];
 }
 
 // LOADS 16-byte loads (source bytes in[i * WAIT_STRIDE + 16 l ..]), then s_waitcnt vmcnt(LEFT) as the kernels spell
 // it; lane l reads its 16 bytes of every load from LDS right after that wait and again after vmcnt(0), and writes
-// landed() of each: out[i * 64 + l] after the first wait, out[(LOADS + i) * 64 + l] after the second. Only the
-// oldest LOADS - LEFT are promised after the first wait (later ones may have landed too, in any order), so the
-// verdict reads only what the wait promises: on in-order hardware it cannot depend on timing.
+// them as read: load i's at out[i * WAIT_READ_WORDS ..] after the first wait, at out[(LOADS + i) * WAIT_READ_WORDS ..]
+// after the second. The host compares them with the source. Only the oldest LOADS - LEFT are promised after the
+// first wait (later ones may have landed too, in any order), so the verdict reads only what the wait promises: on
+// in-order hardware it cannot depend on timing.
 template <int LOADS, int LEFT>
 __device__ inline void loads_then_wait(const int32_t* in, uint8_t* lds, int32_t* out) {
   const int l = lane_id();
@@ -172,18 +173,19 @@ __device__ inline void loads_then_wait(const int32_t* in, uint8_t* lds, int32_t*
   MLA_WAIT_VMCNT(0);
 #pragma unroll
   for (int i = 0; i < LOADS; ++i) {
-    out[i * PROBE_THREADS + l] = landed(early[i], in, i);
-    out[(LOADS + i) * PROBE_THREADS + l] =
-        landed(*reinterpret_cast<const v4u*>(lds + i * WAIT_STRIDE + 16 * l), in, i);
+    store_read(out + i * WAIT_READ_WORDS, early[i]);
+    store_read(out + (LOADS + i) * WAIT_READ_WORDS, *reinterpret_cast<const v4u*>(lds + i * WAIT_STRIDE + 16 * l));
   }
   barrier();
 }
 
-// The low-bits run (out[0 ..]), then the high-bits run (out[2 * WAIT_LOADS_LOW * 64 ..]), on one LDS buffer.
+// The low-bits run (out[0 ..]), then the high-bits run (out[2 * WAIT_LOADS_LOW * WAIT_READ_WORDS ..]), on one LDS
+// buffer.
 __global__ void probe_waitcnt(const int32_t* in, int32_t* out) {
   __shared__ __attribute__((aligned(16))) uint8_t lds[WAIT_LOADS_HIGH * WAIT_STRIDE];
+  static_assert(2 * (WAIT_LOADS_LOW + WAIT_LOADS_HIGH) * WAIT_READ_WORDS <= PROBE_OUT_WORDS);
   loads_then_wait<WAIT_LOADS_LOW, WAIT_LEFT_LOW>(in, lds, out);
-  loads_then_wait<WAIT_LOADS_HIGH, WAIT_LEFT_HIGH>(in, lds, out + 2 * WAIT_LOADS_LOW * PROBE_THREADS);
+  loads_then_wait<WAIT_LOADS_HIGH, WAIT_LEFT_HIGH>(in, lds, out + 2 * WAIT_LOADS_LOW * WAIT_READ_WORDS);
 }
 
 // f32 -> fp8 pairs: in floats [4 l .. 4 l + 3], old word in[256 + l]; out[3 l ..]: word_sel 0 into old, word_sel 1
@@ -256,7 +258,7 @@ __global__ void probe_atomics(const int32_t* in, int32_t* out) {
 
 // The fused kernels' hand-off (fused_merge.h arrive) as they run it, on HANDOFF_GROUPS splits of one (row, head
 // group): lane l of workgroup w stores in[0] + 64 w + l, every workgroup arrives on the counter out[0], and lane l
-// of the last arriver counts the stores of column l it sees.
+// of the last arriver copies what it reads of column l's stores (the host counts the ones it expected).
 __global__ void probe_handoff(const int32_t* in, int32_t* out) {
   __shared__ int verdict;
   const int w = block_x(), l = lane_id();
@@ -267,11 +269,8 @@ __global__ void probe_handoff(const int32_t* in, int32_t* out) {
   p.num_splits = HANDOFF_GROUPS;
   const bool last = arrive(p, 0, 0, &verdict);
   if (l == 0) out[HANDOFF_LAST + w] = last;
-  if (last) {
-    int seen = 0;
-    for (int v = 0; v < HANDOFF_GROUPS; ++v) seen += out[HANDOFF_DATA + 64 * v + l] == in[0] + 64 * v + l;
-    out[HANDOFF_SEEN + l] = seen;
-  }
+  if (last)
+    for (int v = 0; v < HANDOFF_GROUPS; ++v) out[HANDOFF_SEEN + 64 * v + l] = out[HANDOFF_DATA + 64 * v + l];
 }
 
 // The LDS bytes per workgroup the occupancy probe asks about (tools/gfx950_probes.py lds_occupancy): the
