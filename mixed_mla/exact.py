@@ -114,7 +114,13 @@ DEFAULT_SCALE_AND_UNDER = {("fp8", "aiter"), ("fp8", "peer_fp8_q")}
 #     (bounds/hip_gfx950_lanes.json; 0.033 at 1/24 and 0.19 at 0.1352 against the bf16 Q, all of it Q's rounding),
 #     every scale class; cuda_sm90 is also held under 1e-3 by tests/test_cuda_sm90.py (LSE_TOLERANCE); x3 -> 0.003.
 #   aiter's route does not write the LSE (SPEC.lse False): no entry.
-LSE_BOUND = {"torch": 0.003, "cuda_sm90": 0.003, "hip_gfx950": 0.003}
+#   cuda_sm90_sparse (cuda_sm90's sparse kernel, kernels/sm90/sparse_decode/) is the exception: it rounds each key to
+#     bf16 (value x block scale, FlashMLA's arithmetic), so its scores are off by ~2^-9 of their size and so is its
+#     LSE, in absolute terms. PREDICTED from its CPU twin (tests/test_cuda_sm90_sparse.py, amax and ue8m0 caches, 16
+#     heads, 3 scales): worst 0.010 at 0.1352 (0.0031 at 1/24, 0.0008 at 0.01); x3 -> 0.03, which still refuses a
+#     base-2 LSE and a lost split. On caches whose blocks lie 2^80 apart its LSE errs by the score's size x 2^-9
+#     (astronomic there): those are held to the output bound only. A GPU run replaces the prediction.
+LSE_BOUND = {"torch": 0.003, "cuda_sm90": 0.003, "hip_gfx950": 0.003, "cuda_sm90_sparse": 0.03}
 
 
 def lse_bound(path: str, sm_scale: float = DEFAULT_SM_SCALE) -> float:
