@@ -1,19 +1,19 @@
 """Sparse top-k decode at kernel level: decode_sparse's plans beside FlashMLA's sparse decode, DeepSeek-V3.2's shapes.
 
     python -m benchmarks.sparse_decode [--batch 1,8,32,128] [--heads 128,64,16] [--q-len 1,2] [--topk 2048]
-                                       [--formats fp8_ds_mla,fp8,bf16] [--out DIR]          # on the GPU
+                                       [--formats fp8_ds_mla,fp8,bf16] [--strided] [--out DIR]   # on the GPU
 
-Per (heads, batch, q_len) and format, over a paged cache (page size 64) of SEQUENCE_TOKENS tokens per sequence,
-each query row picking `topk` distinct random tokens of its own sequence (FlashMLA's V3.2 case: s_k 32768, topk
-2048): ours, the plan made once and run per call (on sm90 cuda_sm90's sparse kernel for fp8_ds_mla, the gather route
-into its paged kernels for the other formats, docs/sparse.md); with --strided, ours again on FlashMLA's strided pages, and FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its
-layouts where stage_flashmla.sh's flash_mla_sparse is importable (64 and 128 heads), both timed by
-timing.KernelTimer. On fp8_ds_mla both outputs on the first sequence's query rows are judged against the oracle
-(mixed_mla/exact_sparse.py): ours is reported (ours_error), FlashMLA is timed only within FLASHMLA_BOUND, otherwise
-its error is reported in its place.
-The floor is the bytes a row must gather (topk rows of the format per query row, Q, the output, the indices) over
-the measured copy bandwidth; "% floor" is floor / time. Writes sparse.txt and raw.json to
-benchmarks/results/sparse/ (--out: another folder). On a CPU it runs the torch path (a smoke test).
+Per (heads, batch, q_len) and format, over a paged cache (page size 64) of SEQUENCE_TOKENS tokens per sequence, each
+query row picking `topk` distinct random tokens of its own sequence (FlashMLA's V3.2 case: s_k 32768, topk 2048):
+ours, the plan made once and run per call (on sm90 cuda_sm90's sparse kernel for fp8_ds_mla, the gather route into
+its paged kernels for the other formats, docs/sparse.md); with --strided, ours again on FlashMLA's strided pages, and
+FlashMLA's sm90 sparse decode on the same fp8_ds_mla bytes in its layouts where stage_flashmla.sh's flash_mla_sparse
+is importable (64 and 128 heads), both timed by timing.KernelTimer. On fp8_ds_mla both outputs on the first
+sequence's query rows are judged against the oracle (mixed_mla/exact_sparse.py): ours is reported (ours_error),
+FlashMLA is timed only within FLASHMLA_BOUND, otherwise its error is reported in its place. The floor is the bytes a
+row must gather (topk rows of the format per query row, Q, the output, the indices) over the measured copy bandwidth;
+"% floor" is floor / time. Writes sparse.txt and raw.json to benchmarks/results/sparse/ (--out: another folder). On a
+CPU it runs the torch path (a smoke test).
 """
 import argparse
 import importlib

@@ -2,15 +2,15 @@
 
 CPU: the split launch (whole tiles, no empty split, one CTA per multiprocessor while rows are few), the routes
 (fp8_ds_mla takes the own route on cuda_sm90, the other formats the gather route), and a twin of the kernel's
-arithmetic against the oracle (the bounds' prediction; without the row-maximum exchange it fails). GPU (skipped without an sm_90 GPU
-and the kernel built): the kernel against the float64 oracle (exact_sparse decodes the bytes on its own) under
-STRICT_BOUND[("fp8_ds_mla", "cuda_sm90")] and LSE_BOUND["cuda_sm90_sparse"] (bf16 keys: exact.py), over rows that mix valid, repeated, -1 and past-the-cache
-entries with topk_length and the sink (+inf, -inf and finite heads), at 4, 16, 64 and 128 heads, pages of 1, 61 and 64
-rows and FlashMLA's strided pages (block_size + 1 rows a page), one split and many, the problem's sm_scale and
-DeepSeek's YaRN one, caches of both writers' scale rules and blocks 2^80 apart; the output is poisoned with NaN
-first (every element must be written), and slots that no row may read hold NaN. The negative controls must fail:
-the kernel fed a cache whose blocks 0 and 1 swapped scales, or whose rope is zeroed, against the oracle on the true
-bytes; and the plan run at another sm_scale than the oracle's.
+arithmetic against the oracle (the bounds' prediction; without the row-maximum exchange it fails). GPU (skipped
+without an sm_90 GPU and the kernel built): the kernel against the float64 oracle (exact_sparse decodes the bytes on
+its own) under STRICT_BOUND[("fp8_ds_mla", "cuda_sm90")] and LSE_BOUND["cuda_sm90_sparse"] (bf16 keys: exact.py),
+over rows that mix valid, repeated, -1 and past-the-cache entries with topk_length and the sink (+inf, -inf and
+finite heads), at 4, 16, 64 and 128 heads, pages of 1, 61 and 64 rows and FlashMLA's strided pages (block_size + 1
+rows a page), one split and many, the problem's sm_scale and DeepSeek's YaRN one, caches of both writers' scale rules
+and blocks 2^80 apart; the output is poisoned with NaN first (every element must be written), and slots that no row
+may read hold NaN. The negative controls must fail: the kernel fed a cache whose blocks 0 and 1 swapped scales, or
+whose rope is zeroed, against the oracle on the true bytes; and the plan run at another sm_scale than the oracle's.
 
 On the device: python3 -m pytest -q tests/test_cuda_sm90_sparse.py
 """

@@ -19,13 +19,14 @@ constexpr int kWgDims = kHeadDimV / 2;      // P.V's N per consumer warpgroup (t
 
 // Register budgets (setmaxnreg): every warp starts at the launch's 168 (65536 / 384, in steps of 8), and a
 // warpgroup's increase waits for registers the other's decrease frees in the same CTA, so the moves must balance
-// exactly (an unbalanced pair, 208 / 96, hung on the first H100 run). Consumers hold 128 fp32 of O and 16 of S
-// (no spills at 192); the producer both passes' 16 latent loads of 16 bytes in flight (104 spilled 8 bytes).
+// exactly (the first H100 run, at 208 / 96, hung: 10240 registers asked, 9216 freed). Consumers hold 128 fp32 of O
+// and 16 of S (no spills at 192); the producer both passes' 16 latent loads of 16 bytes in flight (104 spilled).
 constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;
 constexpr int kConsumerRegisters = 192;
 constexpr int kProducerRegisters = 120;
 static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) ==
-                  kProducerThreads * (kEntryRegisters - kProducerRegisters), "what the consumers take, the producer frees");
+                  kProducerThreads * (kEntryRegisters - kProducerRegisters),
+              "what the consumers take, the producer frees");
 
 // Operands in shared memory as bf16 in 128-byte-swizzled chunks of 64 dims: chunk c of a [rows][576] matrix holds
 // dims 64c .. 64c + 63 of every row, rows 128 bytes apart; 16-byte unit u of row r sits at unit u ^ (r & 7).

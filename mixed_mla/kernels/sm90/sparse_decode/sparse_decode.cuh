@@ -93,10 +93,12 @@ __device__ __forceinline__ void produce(const SparseParams& p, uint8_t* smem, ui
                                                   (int64_t)(slot % p.page_size) * p.row_stride : 0);
 #pragma unroll
       for (int u = 0; u < 2; ++u)
-        cp_async_16(rope_chunk + swizzled(r, 2 * block + u), src + kDsMlaRopeAt + 32 * block + 16 * u, ok[pass] ? 16 : 0);
+        cp_async_16(rope_chunk + swizzled(r, 2 * block + u), src + kDsMlaRopeAt + 32 * block + 16 * u,
+                    ok[pass] ? 16 : 0);
 #pragma unroll
       for (int u = 0; u < 8; ++u)
-        codes[pass][u] = ok[pass] ? __ldg(reinterpret_cast<const uint4*>(src + 128 * block) + u) : make_uint4(0, 0, 0, 0);
+        codes[pass][u] = ok[pass] ? __ldg(reinterpret_cast<const uint4*>(src + 128 * block) + u)
+                                  : make_uint4(0u, 0u, 0u, 0u);
       scale[pass] = ok[pass] ? __ldg(reinterpret_cast<const float*>(src + kDsMlaScalesAt) + block) : 0.f;
     }
     cp_async_commit();
