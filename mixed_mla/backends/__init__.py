@@ -121,6 +121,12 @@ def spec(name: str) -> BackendSpec:
 WORKSPACE_ALIGNMENT = 256
 
 
+@functools.lru_cache(maxsize=None)   # bounded: a few dtypes per device
+def empty_tensor(device, dtype):
+    """An empty tensor that tells a compiled binding "none" (no lse, no block table, no topk_length, ...)."""
+    return torch.empty(0, dtype=dtype, device=device)
+
+
 def aligned(nbytes: int) -> int:
     """nbytes rounded up to the workspace alignment."""
     return -(-nbytes // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import BackendSpec, aligned, build_failure, cuda_sm90_sparse
+from . import BackendSpec, aligned, build_failure, cuda_sm90_sparse, empty_tensor
 from ..constants import DS_MLA_FORMAT, KV_FORMAT_CODES, KV_FORMATS, MAX_SPLITS, SUPPORTED_NUM_HEADS, V_HEAD_DIM
 from .. import kernels
 from ..validate import device_error_flag
@@ -159,7 +159,7 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
         raise ValueError(f"{q.shape[0]} query rows exceed the {workspace.max_total_q} this plan was made for: "
                          f"plan again")
     if lse is None:
-        lse = _empty(q.device, torch.float32)
+        lse = empty_tensor(q.device, torch.float32)
     elif (lse.dtype != torch.float32 or lse.shape != q.shape[:2] or not lse.is_contiguous()
           or lse.device != q.device):
         raise ValueError(f"lse must be a contiguous float32 tensor of shape {tuple(q.shape[:2])} on {q.device}; got "
@@ -167,7 +167,7 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
                          f"{lse.device}")
     variant = VARIANTS[plan.variant]
     if pages is None:
-        block_table = seq_lens = _empty(q.device, torch.int32)
+        block_table = seq_lens = empty_tensor(q.device, torch.int32)
     else:
         block_table, seq_lens = pages
         if kv_format == "fp8":
@@ -191,13 +191,6 @@ def paged_fp8_variant(variant: str, page_size: int) -> int:
         if page_size % TILE_TOKENS[name] == 0:
             return VARIANTS[name]
     return FP8_GATHER
-
-
-@functools.lru_cache(maxsize=None)   # bounded: two dtypes per device
-def _empty(device, dtype):
-    """An empty tensor that tells the binding "none": int32, the block table / seq_lens of a contiguous cache;
-    float32, no lse."""
-    return torch.empty(0, dtype=dtype, device=device)
 
 
 # Formats: all four (fp8_ds_mla behind its opt-in). fp8 is its fastest: the mxfp4 path expands to bf16 in shared memory and measured 1.16-1.95x

@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import build_failure
+from . import build_failure, empty_tensor
 from .. import kernels
 from ..constants import DS_MLA_FORMAT, MAX_SPLITS, V_HEAD_DIM
 
@@ -41,8 +41,6 @@ class Workspace(NamedTuple):
     tiles_per_split: int
     partial_out: torch.Tensor   # bf16 (total_q * H * splits * 512,), empty when splits == 1
     partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
-    empty_int: torch.Tensor     # "none" for topk_length
-    empty_float: torch.Tensor   # "none" for attn_sink and lse
 
 
 def split_launch(total_q: int, num_heads: int, topk: int, multiprocessors: int) -> tuple:
@@ -65,16 +63,14 @@ def make_workspace(total_q: int, num_heads: int, topk: int, device, multiprocess
     rows = total_q * num_heads * splits if splits > 1 else 0
     return Workspace(splits, tiles_per_split,
                      torch.empty(rows * V_HEAD_DIM, dtype=torch.bfloat16, device=device),
-                     torch.empty(rows, dtype=torch.float32, device=device),
-                     torch.empty(0, dtype=torch.int32, device=device),
-                     torch.empty(0, dtype=torch.float32, device=device))
+                     torch.empty(rows, dtype=torch.float32, device=device))
 
 
 def run_sparse(q, kv_cache, kv_format, indices, topk_length, attn_sink, out, sm_scale, lse=None, workspace=None):
     """Writes out (and lse) for sparse.py's checked inputs: kv_cache (num_pages, page_size, 656) one-byte rows."""
     if workspace is None:
         workspace = make_workspace(q.shape[0], q.shape[1], indices.shape[1], q.device)
-    none_int, none_float = workspace.empty_int, workspace.empty_float
+    none_int, none_float = empty_tensor(q.device, torch.int32), empty_tensor(q.device, torch.float32)
     kv = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     _module().forward(q, kv, indices, none_int if topk_length is None else topk_length,
                       none_float if attn_sink is None else attn_sink, out, none_float if lse is None else lse,

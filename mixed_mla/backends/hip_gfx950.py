@@ -45,7 +45,7 @@ import torch
 from ..constants import HEAD_GROUP, KV_FORMAT_CODES, QK_HEAD_DIM
 from ..formats import as_uint8
 from .. import kernels, selfcheck
-from . import WORKSPACE_ALIGNMENT, cuda_sm90  # the same split workspace: partials, LSEs, the error flag
+from . import WORKSPACE_ALIGNMENT, cuda_sm90, empty_tensor  # the same split workspace: partials, LSEs, the error flag
 
 FORMATS = ("fp8", "mxfp4")                     # what the kernels implement (and the build compiles)
 MXFP4_OPT_IN = "MLA_GFX950_MXFP4"              # "1": serve mxfp4 too; otherwise only the formats with evidence
@@ -265,7 +265,7 @@ def _forward(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, sm_scale, 
     data, aux = kv_cache
     kv_bytes = as_uint8(data).reshape(-1, ROW_BYTES[kv_format])
     aux = aux if kv_format == "fp8" else as_uint8(aux).reshape(-1, aux.shape[-1])
-    block_table, seq_lens = pages if pages is not None else (cuda_sm90._empty(q.device, torch.int32),) * 2
+    block_table, seq_lens = pages if pages is not None else (empty_tensor(q.device, torch.int32),) * 2
     _module().forward(q, kv_bytes, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
                       workspace.error_flag, workspace.split_counters, lse, workspace.splits, occupancy, fused,
                       KV_FORMAT_CODES[kv_format], float(sm_scale), block_table, seq_lens)
