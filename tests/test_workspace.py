@@ -266,19 +266,3 @@ def test_two_split_plans_share_a_buffer_over_alternating_graph_replays(make_case
     small, large = steps[0], steps[1]   # negative: the large batch's first rows are not the small one's answer
     assert exact.strict_error(large[4][:4], small[0].q, small[1], kv_format, small[0].qo_indptr,
                               small[0].kv_indptr, sm_scale) > 0.3
-
-
-def test_the_workspace_says_which_merge_runs(monkeypatch):
-    """2-16 splits of the kernels that end rows with it merge in a cluster; 1 split, 17 splits and the MXFP4
-    warpgroup-MMA kernel do not; the layout is the same either way (a caller's buffer never depends on the merge),
-    and nothing merges in a cluster unless asked for (MLA_SM90_CLUSTER_MERGE)."""
-    plan = Plan("cuda_sm90", "fp8", 8, "")
-    assert not cuda_sm90.make_workspace(plan, 4, 16, "cpu").cluster_merge
-    size = cuda_sm90.workspace_bytes(plan, 4, 16)
-    monkeypatch.setenv(cuda_sm90.CLUSTER_MERGE_OPT_IN, "1")
-    assert cuda_sm90.workspace_bytes(plan, 4, 16) == size
-    for splits, variant, kv_format, expected in [(2, "", "fp8", True), (16, "tile64", "fp8", True),
-                                                 (1, "", "fp8", False), (17, "", "bf16", False),
-                                                 (8, "wgmma", "mxfp4", False)]:
-        ws = cuda_sm90.make_workspace(Plan("cuda_sm90", kv_format, splits, variant), 4, 16, "cpu")
-        assert ws.cluster_merge is expected, (splits, variant)

@@ -60,20 +60,6 @@ PARTIAL_BYTES = V_HEAD_DIM * 2 + 4
 BATCH_INVARIANT = True
 
 
-# A row's splits may merge inside the split kernel, as one thread-block cluster through distributed shared memory
-# (kernels/sm90/decode/cluster_merge.cuh: no merge kernel, no partials in global memory), for 2 .. 16 splits
-# (config.h kClusterMergeMaxSplits) of the kernels that end rows with it (not the MXFP4 warpgroup-MMA one).
-# MLA_SM90_CLUSTER_MERGE=1 turns it on (read when a plan is made) until a device run backs it as the default.
-CLUSTER_MERGE_OPT_IN = "MLA_SM90_CLUSTER_MERGE"
-CLUSTER_MERGE_MAX_SPLITS = 16
-
-
-def cluster_merge(plan, splits: int) -> bool:
-    """Whether `plan`'s launches at `splits` splits merge them in a cluster."""
-    return (os.environ.get(CLUSTER_MERGE_OPT_IN) == "1" and 2 <= splits <= CLUSTER_MERGE_MAX_SPLITS
-            and plan.variant != "wgmma")
-
-
 class Workspace(NamedTuple):
     """The split partials of one plan: sized for its largest total_q at its split count."""
     splits: int
@@ -81,9 +67,6 @@ class Workspace(NamedTuple):
     partial_lse: torch.Tensor   # fp32 (total_q * H * splits,)
     max_total_q: int
     error_flag: torch.Tensor    # int32 (2,): the device's indptr violation flag (validate.device_error_flag)
-    # The splits merge in a cluster (cluster_merge above), leaving the partials unused: they stay in the layout, so
-    # that a workspace's size (and a caller's buffer sized by workspace_bytes) never depends on the merge.
-    cluster_merge: bool
 
 
 # A workspace is one uint8 buffer (the caller's, or one the plan makes) carved into views, every region 256-byte
@@ -120,7 +103,7 @@ def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) 
     lse_start = aligned(out_elements * 2)
     return Workspace(splits, buffer[:lse_start].view(torch.bfloat16)[:out_elements],
                      buffer[lse_start:lse_start + rows * 4].view(torch.float32), max_total_q,
-                     device_error_flag(torch.device(device)), cluster_merge(plan, splits))
+                     device_error_flag(torch.device(device)))
 
 
 def available(device):
@@ -193,7 +176,7 @@ def forward_arguments(q, kv_cache, kv_format, qo_indptr, kv_indptr, out, plan, s
             variant = 0   # pages are read by the expanding kernel (config.h Mxfp4Variant)
     return (q, kv, aux, qo_indptr, kv_indptr, out, workspace.partial_out, workspace.partial_lse,
             workspace.error_flag, code, variant, workspace.splits, max(1, int(max_q_len or 1)), float(sm_scale),
-            block_table, seq_lens, lse, plan.split_tokens, int(workspace.cluster_merge))
+            block_table, seq_lens, lse, plan.split_tokens)
 
 
 # Paged caches (mixed_mla/paged.py): the same kernels gather each tile's rows through the block table. fp8 tiles come

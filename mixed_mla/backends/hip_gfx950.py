@@ -110,8 +110,7 @@ def declared_variants(fused_opted_in: bool) -> tuple:
 
 
 class Workspace(NamedTuple):
-    """cuda_sm90's split workspace (its fields but the cluster merge, which HIP has not) and the fused variants'
-    arrival counters."""
+    """cuda_sm90's split workspace (its fields, in its order) and the fused variants' arrival counters."""
     splits: int
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
@@ -160,8 +159,7 @@ def make_workspace(plan, max_total_q: int, num_heads: int, device, buffer=None) 
     head = _counter_region(buffer.numel() // WORKSPACE_ALIGNMENT * WORKSPACE_ALIGNMENT)
     partials = cuda_sm90.make_workspace(plan, max_total_q, num_heads, device, buffer[head:])
     counters = _counters(plan, max_total_q, num_heads)
-    return Workspace(partials.splits, partials.partial_out, partials.partial_lse, partials.max_total_q,
-                     partials.error_flag, buffer[:counters * 4].view(torch.int32).zero_())
+    return Workspace(*partials, buffer[:counters * 4].view(torch.int32).zero_())
 
 
 def workspace_bytes(plan, max_total_q: int, num_heads: int) -> int:

@@ -22,14 +22,13 @@ using mla_binding::bytes_of;
 // a contiguous cache.
 // lse: float32 (total_q, H) contiguous, the natural-log LSE of every row and head; empty: not written.
 // split_tokens: 0, each row cut into num_splits equal shares; > 0, into shares of that many rows (params.h), the
-// batch-invariant plans' cut. cluster_merge: 1, a row's splits merge as one thread-block cluster (params.h; partials
-// unused), 0: by the merge kernel.
+// batch-invariant plans' cut.
 void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& kv_aux,
              const torch::Tensor& qo_indptr, const torch::Tensor& kv_indptr, const torch::Tensor& out,
              const torch::Tensor& partial_out, const torch::Tensor& partial_lse, const torch::Tensor& error_flag,
              int64_t kv_format, int64_t variant, int64_t num_splits, int64_t max_q_len, double sm_scale,
              const torch::Tensor& block_table, const torch::Tensor& seq_lens, const torch::Tensor& lse,
-             int64_t split_tokens, int64_t cluster_merge) {
+             int64_t split_tokens) {
   const bool paged = block_table.numel() > 0;
   TORCH_CHECK(q.is_cuda() && kv.device() == q.device() && out.device() == q.device(), "tensors on one GPU");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1,
@@ -57,9 +56,7 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
               qo_indptr.numel() == kv_indptr.numel() && qo_indptr.numel() >= 1, "indptr must be int32 (batch + 1,)");
   TORCH_CHECK(error_flag.scalar_type() == at::kInt && error_flag.numel() == 2 && error_flag.device() == q.device(),
               "error_flag must be int32 (2,) on q's device");
-  TORCH_CHECK(cluster_merge == 0 || (num_splits >= 2 && num_splits <= 16),
-              "a cluster merge takes 2 to 16 splits (config.h kClusterMergeMaxSplits)");
-  if (num_splits > 1 && !cluster_merge) {
+  if (num_splits > 1) {
     TORCH_CHECK(partial_out.scalar_type() == at::kBFloat16 && partial_lse.scalar_type() == at::kFloat &&
                 partial_out.numel() >= q.size(0) * q.size(1) * num_splits * 512 &&
                 partial_lse.numel() >= q.size(0) * q.size(1) * num_splits, "split workspace too small");
@@ -81,7 +78,6 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   p.num_kv_rows = static_cast<int>(kv.size(0));
   p.max_q_len = static_cast<int>(max_q_len);
   p.split_tokens = static_cast<int>(split_tokens);
-  p.cluster_merge = static_cast<int>(cluster_merge);
   p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
   if (paged) {
     TORCH_CHECK(block_table.scalar_type() == at::kInt && block_table.dim() == 2 && block_table.stride(1) == 1 &&

@@ -74,9 +74,6 @@ constexpr float kRebaseSlack = 8.f;
 constexpr long long kMaxKvRowStrideBytes = 1ll << 26;
 
 constexpr int kMaxSplits = 64;
-// Split counts whose CTAs may form one thread-block cluster and merge through distributed shared memory
-// (cluster_merge.cuh): 16 is the largest cluster sm_90 schedules (past the portable 8, by opt-in).
-constexpr int kClusterMergeMaxSplits = 16;
 constexpr int kMergeThreads = 128;  // 4 output dims per thread
 
 // The kernels' LSEs are in base 2 (exp2 arithmetic); DecodeParams::lse is in base e: lse = lse2 * ln 2.

@@ -48,27 +48,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
   }
   const dim3 grid(p.num_splits, p.max_q_len * head_groups(p.num_heads), p.batch);
-  if (!p.cluster_merge) {
-    decode_split_kernel<kFormat, kVariant, kPaged><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
-    return cudaGetLastError();
-  }
-  // A row's splits as one cluster (cluster_merge.cuh); past 8 CTAs a cluster size is sm_90's non-portable opt-in.
-  if (p.num_splits > 8) {
-    err = allow_large_clusters<decode_split_kernel<kFormat, kVariant, kPaged>>();
-    if (err != cudaSuccess) return err;
-  }
-  cudaLaunchAttribute cluster;
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = (unsigned)p.num_splits;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_split_kernel<kFormat, kVariant, kPaged>, p, kv_map);
+  decode_split_kernel<kFormat, kVariant, kPaged><<<grid, kThreads, kSmem, stream>>>(p, kv_map);
+  return cudaGetLastError();
 }
 
 // The MXFP4 warpgroup-MMA kernel (mxfp4_wgmma.cuh): one warpgroup per CTA, two CTAs per SM.
@@ -117,12 +98,6 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
       p->batch > 65535 || (int64_t)p->max_q_len * head_groups(p->num_heads) > 65535 ||
       p->kv_row_stride % 16 != 0 || p->kv_row_stride <= 0 || p->kv_row_stride > kMaxKvRowStrideBytes)
     return cudaErrorInvalidValue;
-  // A cluster merge: 2 .. kClusterMergeMaxSplits splits, and a kernel that ends its rows with it (not the MXFP4
-  // warpgroup-MMA kernel's contiguous launch).
-  const bool wgmma_launch = kv_format == kFormatMxfp4 && variant == kMxfp4Wgmma && p->block_table == nullptr &&
-                            p->kv_row_stride <= wgmma_mxfp4::kMaxRowStrideBytes;
-  if (p->cluster_merge && (p->num_splits < 2 || p->num_splits > kClusterMergeMaxSplits || wgmma_launch))
-    return cudaErrorInvalidValue;
   cudaError_t err;
   if (p->block_table != nullptr) {
     err = launch_paged(*p, kv_format, variant, stream);
@@ -143,6 +118,6 @@ extern "C" int mla_sm90_decode(const mla_sm90::DecodeParams* p, int kv_format, i
     case kFormatDsMla: err = launch_split<kFormatDsMla>(*p, stream); break;
     default: return cudaErrorInvalidValue;
   }
-  if (err != cudaSuccess || p->num_splits == 1 || p->cluster_merge) return err;
+  if (err != cudaSuccess || p->num_splits == 1) return err;
   return launch_merge(*p, stream);
 }

@@ -25,7 +25,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "cluster_merge.cuh"
 #include "config.h"
 #include "ds_mla_tile.cuh"
 #include "kv_tiles.cuh"
@@ -341,13 +340,7 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
   // The merge kernel (launched with programmatic stream serialisation) may start its prologue now; it still
   // waits for this whole grid before reading any partial.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
-  // With a cluster merge the stages hold this CTA's part: the barrier above follows every warp's last read of them.
-  static_assert(Tile::kStages * Tile::kStageBytes >= kClusterPartBytes, "a CTA's merge part fits in its stages");
-  if (p.cluster_merge)
-    cluster_merge_row(p, reinterpret_cast<float*>(smem), row, head0, warp, g, t, m, l, o,
-                      p_copies.v_scale(kv_scale, warp));
-  else
-    store_row(p, row, head0, split, warp, g, t, m, l, o, p_copies.v_scale(kv_scale, warp));
+  store_row(p, row, head0, split, warp, g, t, m, l, o, p_copies.v_scale(kv_scale, warp));
 }
 
 // Shared memory of a row's tile loop (stages, expanded tile, exchanges, P); with TMA tiles the stage mbarriers

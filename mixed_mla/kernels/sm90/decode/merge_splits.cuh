@@ -17,16 +17,6 @@
 
 namespace mla_sm90 {
 
-// A merged (row, head): its log2-domain LSE and the factor its weighted sum of split outputs is scaled by, from the
-// largest split LSE `top` and the sum `total` of the weights 2^(lse_s - top). Shared by both merges (cluster_merge.cuh).
-struct MergedScale { float lse2, scale; };
-__device__ __forceinline__ MergedScale merged_scale(const DecodeParams& p, int head, float top, float total) {
-  const float lse2 = total > 0.f ? top + log2f(total) : -INFINITY;
-  float scale = total > 0.f ? 1.f / total : 0.f;
-  if (p.attn_sink != nullptr && total > 0.f) scale /= 1.f + expf(p.attn_sink[head] - lse2 * kLn2);
-  return {lse2, scale};
-}
-
 // grid = total_q * num_heads, kMergeThreads threads: thread i owns dims 4i .. 4i + 3. Needs num_splits <= kSplitsMax.
 template <int kSplitsMax>
 __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __grid_constant__ DecodeParams p) {
@@ -60,11 +50,13 @@ __global__ void __launch_bounds__(kMergeThreads) merge_splits_kernel(const __gri
       }
     }
   }
-  const MergedScale merged = merged_scale(p, head, top, total);
-  if (threadIdx.x == 0) store_lse(p, row, head, merged.lse2);
+  const float lse2 = total > 0.f ? top + log2f(total) : -INFINITY;
+  if (threadIdx.x == 0) store_lse(p, row, head, lse2);
+  float inv_total = total > 0.f ? 1.f / total : 0.f;
+  if (p.attn_sink != nullptr && total > 0.f) inv_total /= 1.f + expf(p.attn_sink[head] - lse2 * kLn2);
   uint2 packed;
-  packed.x = pack_bf16x2(acc.x * merged.scale, acc.y * merged.scale);
-  packed.y = pack_bf16x2(acc.z * merged.scale, acc.w * merged.scale);
+  packed.x = pack_bf16x2(acc.x * inv_total, acc.y * inv_total);
+  packed.y = pack_bf16x2(acc.z * inv_total, acc.w * inv_total);
   *reinterpret_cast<uint2*>(p.out + row * p.out_row_stride + head * p.out_head_stride + 4 * threadIdx.x) = packed;
 }
 

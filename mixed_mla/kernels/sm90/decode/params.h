@@ -27,9 +27,6 @@ struct DecodeParams {
   // split_tokens rows (a multiple of every tile; whole multiples of it past kMaxSplits shares), so where a row's
   // splits begin depends on its own length alone; the launch's last split takes whatever is left.
   int split_tokens;
-  // 1: the num_splits (<= kClusterMergeMaxSplits) CTAs of a row are one thread-block cluster and merge through
-  // distributed shared memory (cluster_merge.cuh); partial_out and partial_lse are unused. 0: merge_splits_kernel.
-  int cluster_merge;
   float sm_scale_log2;            // sm_scale * log2(e): scores go straight into exp2
   // Paged caches (block_table != null): kv holds num_pages pages of page_size rows (num_kv_rows = their product);
   // sequence b reads position i at row i % page_size of page block_table[b * block_table_stride + i / page_size],
