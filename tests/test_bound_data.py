@@ -23,9 +23,6 @@ PEERS_RESULTS = ROOT / "benchmarks/results/peers/results.json"
 # The rule the bounds follow (exact.py): a few times the worst measured error, never under 2.5x; leaner only where the
 # path's own error leaves no room under a 4% error (0.04), and then at least 1.4x (aiter fp8: P rounded to e4m3fn).
 FEW_TIMES, LEANEST, FOUR_PERCENT_OFF = 2.5, 1.4, 0.04
-# Bounds whose data only a GPU run can make, with that run: strict xfail, so the day the rows are committed this
-# entry must go.
-AWAITING_GPU_RUN = {("fp8_ds_mla", "cuda_sm90"): "python tools/measure_bounds.py --path cuda_sm90 --device cuda"}
 
 
 def _bounds_file_errors() -> dict:
@@ -71,10 +68,7 @@ def _holds(kv_format, path, sm_scale) -> bool:
         return False
 
 
-@pytest.mark.parametrize("kv_format, path", [
-    pytest.param(*key, marks=pytest.mark.xfail(strict=True, raises=AssertionError,
-                                               reason=f"awaits `{AWAITING_GPU_RUN[key]}`"))
-    if key in AWAITING_GPU_RUN else key for key in sorted(exact.STRICT_BOUND)])
+@pytest.mark.parametrize("kv_format, path", sorted(exact.STRICT_BOUND))
 def test_every_bound_has_data_and_sits_a_few_times_over_its_worst(kv_format, path):
     bound = exact.STRICT_BOUND[(kv_format, path)]
     classes = _classes_used(kv_format, path)

@@ -27,25 +27,11 @@ from mixed_mla.constants import (DEFAULT_SM_SCALE, DS_MLA_FORMAT, DS_MLA_ROPE_OF
 from mixed_mla.planner import Plan
 
 BOUND = exact.STRICT_BOUND[(DS_MLA_FORMAT, "cuda_sm90")]
-OPT_IN = "MLA_SM90_DS_MLA"   # cuda_sm90.DS_MLA_OPT_IN: the kernel serves the format only with it until measured
 SCALES = {"default": DEFAULT_SM_SCALE, "yarn": exact.DEEPSEEK_YARN_SM_SCALE, "flat": 0.01}
 PAGE_SIZES = (1, 2, 61, 64)
 
 
 # ---- CPU: what routes the format to the kernels ----
-
-@pytest.fixture(autouse=True)
-def opted_in(monkeypatch):
-    """Every test here runs the kernel: the opt-in on (each plan reads it)."""
-    monkeypatch.setenv(OPT_IN, "1")
-
-
-def test_without_the_opt_in_cuda_sm90_does_not_serve_ds_mla(monkeypatch):
-    """The route then passes it over to torch (api.route_problem, as for an opted-out hip_gfx950 format)."""
-    monkeypatch.delenv(OPT_IN)
-    assert not backends.supports("cuda_sm90", DS_MLA_FORMAT, 16)
-    assert backends.supports("cuda_sm90", "fp8", 16)   # the other formats need none
-
 
 def test_ds_mla_has_the_kernels_format_code_and_a_bound():
     assert KV_FORMAT_CODES[DS_MLA_FORMAT] == 3 and BOUND == exact.strict_bound(DS_MLA_FORMAT, "cuda_sm90", 0.01)

@@ -117,8 +117,7 @@ def _dense_case(seed, tile_magnitudes=(1.0, 1.0, 1.0, 1.0)):
 
 def test_the_dense_paths_read_it_under_the_strict_bound():
     """Contiguous and paged (pages shuffled, every unowned row 0xFF: NaN latent, scales and rope) on this machine's
-    path; sm90 plans cuda_sm90's kernels for it, which serve it with MLA_SM90_DS_MLA=1 (tests/test_cuda_sm90_ds_mla.py)
-    and else pass it on to torch; the other archs plan torch."""
+    path; sm90 plans cuda_sm90's kernels for it (tests/test_cuda_sm90_ds_mla.py); the other archs plan torch."""
     q, cache, qo, kv = _dense_case(seed=7)
     ref = exact.exact_attention(q, cache, DS_MLA_FORMAT, qo, kv, DEFAULT_SM_SCALE)
     out = mixed_mla.decode(q, cache, qo, kv, kv_format=DS_MLA_FORMAT)

@@ -362,10 +362,9 @@ def test_the_sm90_gather_route_is_exact_attention_over_the_chosen_slots(kv_forma
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_fp8_ds_mla_is_served_by_the_sm90_kernels_on_the_gpu(monkeypatch):
-    """With its opt-in, by cuda_sm90's own sparse kernel; its tests: tests/test_cuda_sm90_sparse.py (page sizes,
-    heads, splits, scales, strided pages, the negative controls)."""
-    monkeypatch.setenv("MLA_SM90_DS_MLA", "1")
+def test_fp8_ds_mla_is_served_by_the_sm90_kernels_on_the_gpu():
+    """By cuda_sm90's own sparse kernel; its tests: tests/test_cuda_sm90_sparse.py (page sizes, heads, splits, scales,
+    strided pages, the negative controls)."""
     case = _on(make_case(DS_MLA_FORMAT, 64, seed=21), "cuda")
     planned = mixed_mla.plan_sparse(total_q=6, num_heads=16, topk=TOPK, kv_format=DS_MLA_FORMAT, device="cuda")
     assert planned.backend_name == "cuda_sm90" and planned.through_paged is None

@@ -7,7 +7,7 @@ scores stay ~N(0, 1) at the problem's scale) at every scale of exact.CHECKED_SM_
 relative L2 error against exact attention with Q as the path's kernel rounds it (exact.path_attention, the oracle
 every check uses) and, where the path writes it, the worst natural-log LSE error against the same. Paths:
     torch              the torch backend (api.decode / paged.decode_paged forced to it), contiguous and paged
-    cuda_sm90          the compiled sm90 backend the same way (an H100/H200), fp8_ds_mla too (its opt-in set here)
+    cuda_sm90          the compiled sm90 backend the same way (an H100/H200), fp8_ds_mla too
     hip_gfx950_twin    emulator/gfx950/hip_twin, the gfx950 kernels' arithmetic on the CPU (contiguous, no LSE)
     hip_gfx950_lanes   the gfx950 kernel source on CPU lanes (needs ziglang), with its LSE: slow, small layouts
     aiter_model        the library's aiter route (backends/aiter_mla.py) on the CPU against tests/aiter_model's fake
@@ -40,7 +40,6 @@ sys.path.insert(1, str(ROOT / "tests"))   # aiter_model, the fake aiter the aite
 from benchmarks import provenance  # noqa: E402
 from mixed_mla import api, exact, formats, paged, selfcheck  # noqa: E402
 from mixed_mla.backends import aiter_mla  # noqa: E402
-from mixed_mla.backends.cuda_sm90 import DS_MLA_OPT_IN  # noqa: E402
 from mixed_mla.constants import DS_MLA_FORMAT, KV_FORMATS, QK_HEAD_DIM  # noqa: E402
 from mixed_mla.planner import Plan  # noqa: E402
 
@@ -205,9 +204,8 @@ def main():
     parser.add_argument("--out", default=str(OUT_DIR))
     args = parser.parse_args()
     per_q_len = args.layouts or PATHS[args.path][3]
-    # Both read at each call, set here so that importing this module (tests/test_bound_data.py) changes nothing:
+    # Read at each call, set here so that importing this module (tests/test_bound_data.py) changes nothing:
     os.environ[selfcheck.ENV_SWITCH] = "0"   # measure the path, not the router's verdict
-    os.environ[DS_MLA_OPT_IN] = "1"          # cuda_sm90 serves fp8_ds_mla only when opted in until these rows back it
     rows = measure(args.path, args.device, per_q_len)
     record = {"path": args.path, "layouts_per_q_len": per_q_len, "seed": SEED,
               "run": f"python tools/measure_bounds.py --path {args.path} --device {args.device} --layouts {per_q_len}",

@@ -16,8 +16,7 @@ bounds, and records the violation in the device's error flag (validate.device_er
 validate.raise_device_errors (or a validate=True run) raises as a ValueError.
 
 Formats: bf16, fp8 (e4m3fn + per-tensor scale), mxfp4 (packed e2m1 + padded e8m0 scales) and fp8_ds_mla
-(DeepSeek-V3.2's 656-byte rows, one tensor: kernels/sm90/decode/ds_mla_tile.cuh; served only with the opt-in
-MLA_SM90_DS_MLA=1 until a GPU run backs it) caches; q bf16.
+(DeepSeek-V3.2's 656-byte rows, one tensor: kernels/sm90/decode/ds_mla_tile.cuh) caches; q bf16.
 Heads: 16-head groups; 4 and 8 heads fill one group partly (zero Q rows, never stored). Paged caches (run_paged,
 mixed_mla/paged.py): the same kernels gather each tile's rows through the block table (no copy of the cache). The
 arithmetic (decode_split.cuh): bf16 and mxfp4 run bf16 tensor-core products (mxfp4 expanded exactly to bf16);
@@ -29,7 +28,6 @@ The build happens in `available` (the first plan on a device), outside any timed
 torch header (no_implicit_headers), so only binding.cpp pays for torch's headers.
 """
 import functools
-import os
 from typing import NamedTuple
 
 import torch
@@ -44,9 +42,6 @@ ARCH_FLAGS = kernels.SM90_ARCH_FLAGS
 # Plan.variant -> the kernel's variant code: config.h Fp8Variant for fp8, Mxfp4Variant for mxfp4 (bf16: "" only).
 VARIANTS = {"": 0, "tile64": 1, "wgmma": 1}
 VARIANT_FORMATS = {"tile64": ("fp8",), "wgmma": ("mxfp4",)}
-# fp8_ds_mla's kernel (ds_mla_tile.cuh) has not run on a GPU: served only with MLA_SM90_DS_MLA=1 (read on every plan),
-# else torch serves the format, until a device run backs it.
-DS_MLA_OPT_IN = "MLA_SM90_DS_MLA"
 ONE_TENSOR_FORMATS = ("bf16", DS_MLA_FORMAT)       # caches of one tensor (the binding's kv_aux is then unused)
 TILE_TOKENS = {"": 32, "tile64": 64, "wgmma": 64}   # Plan.variant -> tokens per tile (config.h TileGeometry)
 # Split partials are bf16 (512 per row, head and split) plus one fp32 LSE: cap them at 64 MiB. Correctness does
@@ -209,5 +204,4 @@ SPEC = BackendSpec(
     long_split_variant={"fp8": ("tile64", 1024)}, measured_only_variants=("wgmma",), kernel_dir=KERNEL_DIR,
     workspace=make_workspace,
     workspace_bytes=workspace_bytes, lse=True,
-    sparse_declines=cuda_sm90_sparse.declines, sparse_workspace=cuda_sm90_sparse.make_workspace,
-    serves=lambda kv_format: kv_format != DS_MLA_FORMAT or os.environ.get(DS_MLA_OPT_IN) == "1")
+    sparse_declines=cuda_sm90_sparse.declines, sparse_workspace=cuda_sm90_sparse.make_workspace)
