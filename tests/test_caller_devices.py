@@ -8,6 +8,7 @@ raises, so each public entry must return the same bits under it as without it. T
 inputs, with a CPU generator) runs the torch backend's entry points here, as a compiled backend's first call would.
 """
 import contextlib
+import types
 
 import pytest
 import torch
@@ -89,6 +90,30 @@ def test_every_entry_gives_the_same_bits_under_a_foreign_default_device(make_cas
     for name in expected:
         for want, have in zip(*(x if isinstance(x, tuple) else (x,) for x in (expected[name], got[name]))):
             assert have.device == want.device and torch.equal(have, want), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
+def test_a_cuda_default_device_gives_the_same_bits_from_the_first_call_on(make_case, kv_format, monkeypatch):
+    """FlashMLA's tests' setting on a GPU: inputs on cuda under torch.set_default_device("cuda"), every self-check
+    verdict forgotten first, so that each entry's first call (the one whose check met the default) is compared."""
+    case, cache, pages, table, lens, indices = _inputs(make_case, kv_format)
+    on_gpu = lambda t: tuple(x.cuda() for x in t) if isinstance(t, tuple) else t.cuda()  # noqa: E731
+    case = types.SimpleNamespace(q=case.q.cuda(), qo_indptr=case.qo_indptr.cuda(), kv_indptr=case.kv_indptr.cuda())
+    inputs = (case, on_gpu(cache), on_gpu(pages), table.cuda(), lens.cuda(), indices.cuda())
+    results = {}
+    for default in (None, "cuda"):
+        monkeypatch.setattr(selfcheck, "_results", {})
+        before = torch.get_default_device()
+        if default is not None:
+            torch.set_default_device(default)
+        try:
+            results[default] = _every_entry(*inputs, kv_format)
+        finally:
+            torch.set_default_device(before)
+    for name, want in results[None].items():
+        for w, h in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, results["cuda"][name]))):
+            assert h.device == w.device and torch.equal(h, w), name
 
 
 @pytest.mark.parametrize("kv_format", ["bf16", "fp8", "mxfp4"])
