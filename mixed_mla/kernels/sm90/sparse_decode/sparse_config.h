@@ -20,11 +20,10 @@ constexpr int kWgDims = kHeadDimV / 2;      // P.V's N per consumer warpgroup (t
 // Register budgets (setmaxnreg): every warp starts at the launch's 168 (65536 / 384, in steps of 8), and a
 // warpgroup's increase waits for registers the other's decrease frees in the same CTA, so the moves must balance
 // exactly (the first H100 run, at 208 / 96, hung: 10240 registers asked, 9216 freed). Consumers hold 128 fp32 of O
-// and 16 of S (no spills at 184); the producer a tile's two passes of 8 latent loads of 16 bytes while it converts
-// them and requests the next tile's (ptxas spilled 40 bytes at 120).
+// and 16 of S (no spills at 192); the producer both passes' 16 latent loads of 16 bytes in flight (104 spilled).
 constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8;
-constexpr int kConsumerRegisters = 184;
-constexpr int kProducerRegisters = 136;
+constexpr int kConsumerRegisters = 192;
+constexpr int kProducerRegisters = 120;
 static_assert(kConsumerThreads * (kConsumerRegisters - kEntryRegisters) ==
                   kProducerThreads * (kEntryRegisters - kProducerRegisters),
               "what the consumers take, the producer frees");

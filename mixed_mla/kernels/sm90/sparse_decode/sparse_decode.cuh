@@ -69,76 +69,51 @@ __device__ __forceinline__ void dequantize16(uint4 codes, float scale, uint4& lo
 
 constexpr int kPasses = kTileTokens / 32;   // a producer lane's rows per tile
 
-// One pass of a producer lane: its row of a tile (lane + 32 pass), the row's 128 latent codes of this warp's block
-// and their scale in registers, and where the row lies (its rope is copied once the stage is free).
-struct PassRows {
-  uint4 codes[8];
-  float scale;
-  bool ok;
-  const uint8_t* src;
-
-  // Requests the row's entry, codes and scale (plain loads: they are waited for only where first used).
-  __device__ __forceinline__ void load(const SparseParams& p, const int32_t* indices, int count, int pos, int block) {
-    const int slot = pos < count ? __ldg(indices + pos) : -1;
-    ok = (unsigned)slot < (unsigned)p.num_slots;   // -1 and slots past the cache are skipped
-    src = p.kv + (ok ? (int64_t)(slot / p.page_size) * p.page_stride + (int64_t)(slot % p.page_size) * p.row_stride
-                     : 0);
-#pragma unroll
-    for (int u = 0; u < 8; ++u)
-      codes[u] = ok ? __ldg(reinterpret_cast<const uint4*>(src + 128 * block) + u) : make_uint4(0u, 0u, 0u, 0u);
-    scale = ok ? __ldg(reinterpret_cast<const float*>(src + kDsMlaScalesAt) + block) : 0.f;
-  }
-
-  // The rope's two 16-byte units of this warp (cp.async, zeros for an unusable entry) into row r of the stage.
-  __device__ __forceinline__ void copy_rope(uint8_t* rope_chunk, int r, int block) const {
-#pragma unroll
-    for (int u = 0; u < 2; ++u)
-      cp_async_16(rope_chunk + swizzled(r, 2 * block + u), src + kDsMlaRopeAt + 32 * block + 16 * u, ok ? 16 : 0);
-  }
-
-  // The codes times the scale as bf16 into row r of the stage's latent chunks: dims 128 block + 16u .. go to chunk
-  // 2 block + u / 4, units 2 (u % 4) and + 1.
-  __device__ __forceinline__ void store_latent(uint8_t* dst, int r, int block) const {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      uint4 lo, hi;
-      dequantize16(codes[u], scale, lo, hi);
-      uint8_t* chunk = dst + (2 * block + (u >> 2)) * kChunkBytes;
-      *reinterpret_cast<uint4*>(chunk + swizzled(r, 2 * (u & 3))) = lo;
-      *reinterpret_cast<uint4*>(chunk + swizzled(r, 2 * (u & 3) + 1)) = hi;
-    }
-  }
-};
-static_assert(kPasses == 2, "the producer keeps one tile's two passes in flight");
-
-// The producer warpgroup: fills stage i % kStages with tile i of the split once the consumers have released it. The
-// gathers run a tile ahead of the conversion: a pass's registers take the next tile's row as soon as they are
-// converted, so each gather round trip overlaps the other pass's conversion and the wait for a free stage.
+// The producer warpgroup: fills stage i % kStages with tile i of the split once the consumers have released it.
 __device__ __forceinline__ void produce(const SparseParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty,
                                         int row, const SplitTiles& tiles) {
   const int block = (threadIdx.x - kConsumerThreads) >> 5, lane = threadIdx.x & 31;
   const int32_t* indices = p.indices + row * p.indices_row_stride;
-  PassRows pass[kPasses];
-  if (tiles.first < tiles.last) {
-#pragma unroll
-    for (int k = 0; k < kPasses; ++k) pass[k].load(p, indices, tiles.count, tiles.first * kTileTokens + lane + 32 * k,
-                                                   block);
-  }
   for (int tile = tiles.first, i = 0; tile < tiles.last; ++tile, ++i) {
     const int stage = i % kStages;
     if (i >= kStages) mbarrier_wait_parity(&empty[stage], ((i / kStages) - 1) & 1);
     uint8_t* dst = smem + kTileOffset + stage * kMatrixBytes;
     uint8_t* rope_chunk = dst + (kChunks - 1) * kChunkBytes;   // dims 512 + 16 block ..: units 2 block, + 1
+    // Both passes' loads are issued before either is converted (one round trip a tile); the rope needs no conversion
+    // and goes by cp.async (zeros for an unusable entry).
+    uint4 codes[kPasses][8];
+    float scale[kPasses];
+    bool ok[kPasses];
 #pragma unroll
-    for (int k = 0; k < kPasses; ++k) pass[k].copy_rope(rope_chunk, lane + 32 * k, block);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = lane + 32 * pass, pos = tile * kTileTokens + r;
+      const int slot = pos < tiles.count ? __ldg(indices + pos) : -1;
+      ok[pass] = (unsigned)slot < (unsigned)p.num_slots;   // -1 and slots past the cache are skipped
+      const uint8_t* src = p.kv + (ok[pass] ? (int64_t)(slot / p.page_size) * p.page_stride +
+                                                  (int64_t)(slot % p.page_size) * p.row_stride : 0);
+#pragma unroll
+      for (int u = 0; u < 2; ++u)
+        cp_async_16(rope_chunk + swizzled(r, 2 * block + u), src + kDsMlaRopeAt + 32 * block + 16 * u,
+                    ok[pass] ? 16 : 0);
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        codes[pass][u] = ok[pass] ? __ldg(reinterpret_cast<const uint4*>(src + 128 * block) + u)
+                                  : make_uint4(0u, 0u, 0u, 0u);
+      scale[pass] = ok[pass] ? __ldg(reinterpret_cast<const float*>(src + kDsMlaScalesAt) + block) : 0.f;
+    }
     cp_async_commit();
-    const bool more = tile + 1 < tiles.last;
 #pragma unroll
-    for (int k = 0; k < kPasses; ++k) {
-      const int r = lane + 32 * k;
-      pass[k].store_latent(dst, r, block);
-      if (block == 0) smem[kValidOffset + stage * kTileTokens + r] = pass[k].ok ? 1 : 0;
-      pass[k].load(p, indices, more ? tiles.count : 0, (tile + 1) * kTileTokens + r, block);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int r = lane + 32 * pass;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {   // dims 128 block + 16u ..: chunk 2 block + u / 4, units 2 (u % 4) and + 1
+        uint4 lo, hi;
+        dequantize16(codes[pass][u], scale[pass], lo, hi);
+        uint8_t* chunk = dst + (2 * block + (u >> 2)) * kChunkBytes;
+        *reinterpret_cast<uint4*>(chunk + swizzled(r, 2 * (u & 3))) = lo;
+        *reinterpret_cast<uint4*>(chunk + swizzled(r, 2 * (u & 3) + 1)) = hi;
+      }
+      if (block == 0) smem[kValidOffset + stage * kTileTokens + r] = ok[pass] ? 1 : 0;
     }
     cp_async_wait<0>();
     fence_proxy_async_shared();   // the copies are read by wgmma (the async proxy)
