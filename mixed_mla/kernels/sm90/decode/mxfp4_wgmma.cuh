@@ -53,7 +53,10 @@ constexpr int kVLbo = 8 * kSbo, kVRegion = 2 * kVLbo;       // V^T: 64 rows (dim
 constexpr int kQBytes = kSteps * kQStep;                    // 23040
 constexpr int kPBytes = 2 * kQStep;                         // 64 tokens = 2 k-steps
 constexpr int kVBytes = (kHeadDimV / 64) * 2 * kVRegion;    // 40960
-constexpr int kCodeBytes = kTileTokens * kFp4RowBytes;      // 18432
+// Code rows padded to 304 B (76 words, 12 mod 32): the 8 rows x 4 lanes of a warp's 4-byte code loads hit 32 distinct
+// banks (unpadded 288 B rows, 8 mod 32 words, put rows g and g + 4 on one bank: 2-way conflicts).
+constexpr int kCodeRowStride = kFp4RowBytes + 16;
+constexpr int kCodeBytes = kTileTokens * kCodeRowStride;    // 19456
 constexpr int kStageBytes = kCodeBytes + kTileTokens * kFp4ScaleCols;
 constexpr int kExchangeFloats = 2 * kWarps * kHeadGroup + kHeadGroup;   // tile maxima, row sums, Q exponents
 constexpr int kOutBytes = kHeadGroup * kHeadDimV * 2;       // the bf16 output rows, staged in V^T's region
@@ -67,7 +70,7 @@ static_assert(2 * (kSmemBytes + 1024) <= 228 * 1024, "two CTAs per SM");
 
 // 64 rows at 32-bit byte offsets: row strides up to 2^25 bytes (decode.cu routes larger ones to the expanding kernel).
 constexpr long long kMaxRowStrideBytes = 1ll << 25;
-using Copier = RowCopier<kFp4RowBytes, kFp4RowBytes, kTileTokens, kMaxRowStrideBytes>;
+using Copier = RowCopier<kFp4RowBytes, kCodeRowStride, kTileTokens, kMaxRowStrideBytes>;
 
 // Tile rows [first_row, first_row + valid) and their scale rows into a stage; rows past `valid` become zeros (code 0
 // reads as 0 whatever its scale).
@@ -86,20 +89,35 @@ __device__ __forceinline__ void issue_tile(uint8_t* stage, const Copier& copier,
 }
 
 // The largest block exponent of a tile (every warp computes it alone: no barrier): 64 rows x 18 bytes, read as
-// 8-byte pieces of the 24-byte rows, whose third piece holds blocks 16, 17 and padding.
+// 8-byte pieces of the 24-byte rows, whose third piece holds blocks 16, 17 and padding. Bytes are compared as 16-bit
+// lanes (even and odd bytes apart): sm_90's max.u16x2 is one instruction, a per-byte max (__vmaxu4) several.
 __device__ __forceinline__ int tile_top(const uint8_t* scales, int lane) {
   constexpr int kPieces = kTileTokens * kFp4ScaleCols / 8;   // 192
-  uint32_t top4 = 0;
+  constexpr uint32_t kEven = 0x00FF00FFu;
+  uint32_t top2 = 0;
 #pragma unroll
   for (int k = lane; k < kPieces; k += 32) {
     const uint2 v = lds<uint2>(scales + 8 * k);
-    if (k % 3 == 2) top4 = __vmaxu4(top4, v.x & 0xFFFFu);
-    else top4 = __vmaxu4(top4, __vmaxu4(v.x, v.y));
+    if (k % 3 == 2) {
+      top2 = __vmaxu2(top2, v.x & 0xFFu);
+      top2 = __vmaxu2(top2, (v.x >> 8) & 0xFFu);
+    } else {
+      top2 = __vmaxu2(top2, __vmaxu2(v.x & kEven, (v.x >> 8) & kEven));
+      top2 = __vmaxu2(top2, __vmaxu2(v.y & kEven, (v.y >> 8) & kEven));
+    }
   }
-  top4 = __vmaxu4(top4, top4 >> 16);
-  top4 = __vmaxu4(top4, top4 >> 8);
-  return (int)__reduce_max_sync(0xffffffffu, top4 & 0xFFu);
+  return (int)__reduce_max_sync(0xffffffffu, max(top2 & 0xFFFFu, top2 >> 16));
 }
+
+// A token's 18 block exponents (its 24-byte scale row, 8-byte aligned) in five words; exponent(s) is block s's.
+struct ScaleRow {
+  uint32_t w[5];
+  __device__ __forceinline__ explicit ScaleRow(const uint8_t* row) {
+    const uint2 a = lds<uint2>(row), b = lds<uint2>(row + 8);
+    w[0] = a.x; w[1] = a.y; w[2] = b.x; w[3] = b.y; w[4] = lds<uint32_t>(row + 16);
+  }
+  __device__ __forceinline__ int exponent(int step) const { return (int)__byte_perm(w[step >> 2], 0, 0x4440 | (step & 3)); }
+};
 
 // The e5m2 byte table of one (token, block) against the tile: code c x 2^(e - top + 13) is byte b + {0, 0, 4, 6, 8,
 // 10, 12, 14}[c] (code 0: byte 0), b = 4(e - top + 27), at least 4 (r = -13): e is clamped to the tile's `floor`,
@@ -254,10 +272,10 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
     const int top = tile_top(scales, lane);
     const TileTables tables(top);
     const float tile_scale = exp2f((float)(top - kFoldTop - 127));
-    const uint8_t* code_row0 = stage + row0 * kFp4RowBytes + 4 * t;
-    const uint8_t* code_row1 = code_row0 + 8 * kFp4RowBytes;
-    const uint8_t* scale_row0 = scales + row0 * kFp4ScaleCols;
-    const uint8_t* scale_row1 = scale_row0 + 8 * kFp4ScaleCols;
+    const uint8_t* code_row0 = stage + row0 * kCodeRowStride + 4 * t;
+    const uint8_t* code_row1 = code_row0 + 8 * kCodeRowStride;
+    // The two tokens' exponents in 5 loads each, not 18 byte loads (the kernel's shared-memory traffic sets its pace)
+    const ScaleRow scale_row0(scales + row0 * kFp4ScaleCols), scale_row1(scales + (row0 + 8) * kFp4ScaleCols);
 
     // S^T = K Q^T: groups of kPromoteSteps k-steps, decoded first, then one fence and their wgmmas; two accumulators
     // so that one group runs while the previous one is added into s_sum.
@@ -276,9 +294,9 @@ __device__ __forceinline__ void decode_row(const DecodeParams& p, uint8_t* smem,
         const int step = first + k;
         const uint32_t w0 = lds<uint32_t>(code_row0 + 16 * step), w1 = lds<uint32_t>(code_row1 + 16 * step);
         uint32_t t0, t1;
-        tables.of(scale_row0[step], t0, t1);
+        tables.of(scale_row0.exponent(step), t0, t1);
         decode8(w0, t0, t1, a[k][0], a[k][2]);
-        tables.of(scale_row1[step], t0, t1);
+        tables.of(scale_row1.exponent(step), t0, t1);
         decode8(w1, t0, t1, a[k][1], a[k][3]);
         if (step < kVSteps)   // V^T: token pairs (g, g + 8) as b16 units, transposed into dims x tokens
           stmatrix_x4_trans(v_row + (step >> 1) * 2 * kVRegion + (step & 1) * 4 * kSbo, prmt(a[k][0], a[k][1], 0x5140),
