@@ -116,9 +116,10 @@ DEFAULT_SCALE_AND_UNDER = {("fp8", "aiter"), ("fp8", "peer_fp8_q")}
 #     bf16 (value x block scale, FlashMLA's arithmetic), so its scores are off by ~2^-9 of their size and so is its
 #     LSE, in absolute terms. PREDICTED from its CPU twin (tests/test_cuda_sm90_sparse.py, amax and ue8m0 caches, 16
 #     heads, 3 scales): worst 0.010 at 0.1352 (0.0031 at 1/24, 0.0008 at 0.01); x3 -> 0.03, which still refuses a
-#     base-2 LSE and a lost split. Held on an H100 (2026-12-07) by every GPU case of that test. Its error grows with
-#     the scores' size: on caches whose blocks lie 2^80 apart (scores of 2^40) keys' roundings flip near ties and the
-#     output itself measured 0.0099 against STRICT_BOUND's 0.008, so the test's uneven caches keep blocks within 4x.
+#     base-2 LSE and a lost split. Held on an H100 (2026-12-07) by that test's amax and ue8m0 GPU cases. Its error
+#     grows with the scores' size: on caches whose blocks lie 2^80 apart (scores of 2^40) keys' roundings flip near
+#     ties and the output itself measured 0.0099 against STRICT_BOUND's 0.008, so the test's uneven caches keep blocks
+#     within 4x.
 LSE_BOUND = {"torch": 0.003, "cuda_sm90": 0.003, "hip_gfx950": 0.003, "cuda_sm90_sparse": 0.03}
 
 
