@@ -4,7 +4,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "config.h"           // sm90/decode/: the row format
-#include "decode_binding.h"   // kernels/common/: kLog2e
+#include "decode_binding.h"   // kernels/common/: fill_query_params, bytes_of
 #include "launch.h"
 
 // q (total_q, H, 576) bf16, last dim contiguous; kv (num_pages, page_size, 656) one-byte elements (fp8_ds_mla rows),
@@ -47,30 +47,19 @@ void forward(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tenso
   TORCH_CHECK(kv.numel() == 0 || kv.size(0) * kv.size(1) < (int64_t{1} << 31), "at most 2^31 - 1 cache slots");
 
   mla_sm90::SparseParams p{};
-  p.q = static_cast<const uint16_t*>(q.data_ptr());
-  p.kv = static_cast<const uint8_t*>(kv.data_ptr());
+  mla_binding::fill_query_params(p, q, out, partial_out, partial_lse, num_splits, sm_scale);
+  p.kv = mla_binding::bytes_of(kv);
   p.indices = indices.data_ptr<int32_t>();
   p.topk_length = topk_length.numel() > 0 ? topk_length.data_ptr<int32_t>() : nullptr;
   p.attn_sink = attn_sink.numel() > 0 ? attn_sink.data_ptr<float>() : nullptr;
-  p.out = static_cast<uint16_t*>(out.data_ptr());
   p.lse = lse.numel() > 0 ? lse.data_ptr<float>() : nullptr;
-  p.partial_out = num_splits > 1 ? static_cast<uint16_t*>(partial_out.data_ptr()) : nullptr;
-  p.partial_lse = num_splits > 1 ? partial_lse.data_ptr<float>() : nullptr;
-  p.q_row_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.out_row_stride = out.stride(0);
-  p.out_head_stride = out.stride(1);
   p.indices_row_stride = indices.stride(0);
   p.page_stride = kv.stride(0);
   p.row_stride = kv.stride(1);
-  p.total_q = static_cast<int>(q.size(0));
-  p.num_heads = static_cast<int>(q.size(1));
   p.topk = static_cast<int>(indices.size(1));
-  p.num_splits = static_cast<int>(num_splits);
   p.page_size = static_cast<int>(kv.size(1));
   p.num_slots = static_cast<int>(kv.size(0) * kv.size(1));
   p.tiles_per_split = static_cast<int>(tiles_per_split);
-  p.sm_scale_log2 = static_cast<float>(sm_scale * mla_binding::kLog2e);
   const int err = mla_sm90_sparse_decode(&p, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == 0, "cuda_sm90 sparse decode launch failed with cudaError ", err);
 }
